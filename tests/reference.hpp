@@ -1,0 +1,118 @@
+// Independent references for the tests: binary128 sums of squares and helpers over element types.
+#pragma once
+
+#include <Eigen/Core>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace gradclip_test {
+
+using quad = __float128;
+
+inline quad quad_abs(quad x) { return x < 0 ? -x : x; }
+
+/// sqrt in binary128 by Newton's method from a double estimate, scaled by powers of four so the
+/// estimate exists for every value (no libquadmath needed, so clang builds the tests too).
+inline quad quad_sqrt(quad s) {
+  if (s <= 0) return 0;
+  if (s - s != 0) return s;  // inf or NaN
+  int halves = 0;
+  while (s > quad(1e300)) {
+    s /= quad(0x1p600);
+    halves += 300;
+  }
+  while (s < quad(1e-300)) {
+    s *= quad(0x1p600);
+    halves -= 300;
+  }
+  quad x = std::sqrt(static_cast<double>(s));
+  for (int i = 0; i < 4; ++i) x = (x + s / x) / 2;
+  for (; halves > 0; halves -= 300) x *= quad(0x1p300);
+  for (; halves < 0; halves += 300) x /= quad(0x1p300);
+  return x;
+}
+
+template <class T>
+quad to_quad(T x) {
+  return static_cast<quad>(static_cast<double>(x));
+}
+
+/// The exact L2 norm (to binary128 precision) of the concatenation of the given spans.
+template <class T>
+quad exact_norm(const T* p, std::size_t n) {
+  quad sum = 0;
+  for (std::size_t i = 0; i < n; ++i) sum += to_quad(p[i]) * to_quad(p[i]);
+  return quad_sqrt(sum);
+}
+template <class T>
+quad exact_norm(const std::vector<T>& v) {
+  return exact_norm(v.data(), v.size());
+}
+
+/// |got - exact| / exact, with +inf accepted only for an exact value beyond double's range, and the
+/// rounding of a result below double's normal range (which no policy can avoid) forgiven.
+inline double relative_error(double got, quad exact) {
+  if (std::isinf(got) && got > 0) return exact > quad(1.7976931348623157e308) ? 0.0 : INFINITY;
+  if (exact == 0) return got == 0 ? 0.0 : INFINITY;
+  quad error = quad_abs(static_cast<quad>(got) - exact);
+  const quad half_subnormal = quad(0x1p-1074) / 2;
+  if (exact < quad(0x1p-1022)) error = error > half_subnormal ? error - half_subnormal : 0;
+  return static_cast<double>(error / exact);
+}
+
+/// The machine epsilon of T, 2^(1 - digits). (Eigen 3.4's numeric_limits<half>::epsilon() is 2^-13,
+/// not 2^-10, so the tests derive it from the digits instead.)
+template <class T>
+double epsilon_of() {
+  return std::ldexp(1.0, 1 - std::numeric_limits<T>::digits);
+}
+
+/// The distance from got to exact in units in the last place of T at exact.
+template <class T>
+double ulps(T got, quad exact) {
+  const double e = static_cast<double>(exact);
+  double spacing;
+  if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) {
+    const T rounded = static_cast<T>(e);
+    spacing =
+        static_cast<double>(std::nextafter(std::abs(rounded), std::numeric_limits<T>::infinity()) - std::abs(rounded));
+  } else {
+    const int digits = std::numeric_limits<T>::digits;
+    const int min_exponent = std::numeric_limits<T>::min_exponent;
+    int exponent = e == 0 ? min_exponent : std::ilogb(e) + 1;
+    if (exponent < min_exponent) exponent = min_exponent;
+    spacing = std::ldexp(1.0, exponent - digits);
+  }
+  return static_cast<double>(quad_abs(to_quad(got) - exact) / static_cast<quad>(spacing));
+}
+
+template <class T>
+std::string type_name() {
+  if constexpr (std::is_same_v<T, Eigen::half>)
+    return "float16";
+  else if constexpr (std::is_same_v<T, Eigen::bfloat16>)
+    return "bfloat16";
+  else if constexpr (std::is_same_v<T, float>)
+    return "float32";
+  else
+    return "float64";
+}
+
+/// A fixed seed, printed by the tests that use it so a failure can be replayed.
+inline constexpr std::uint64_t seed = 20261202;
+
+/// n values of T: normal magnitudes times 2^spread_exponent, random signs.
+template <class T>
+std::vector<T> random_gradient(std::size_t n, std::mt19937_64& rng, double scale = 1.0) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(normal(rng) * scale);
+  return v;
+}
+
+}  // namespace gradclip_test
