@@ -3,11 +3,13 @@
 
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/reduce.hpp>
+#include <gradclip/detail/simd.hpp>
 #include <gradclip/policies.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <type_traits>
 
 namespace gradclip::detail {
 
@@ -19,10 +21,10 @@ struct factor {
   double value() const noexcept { return std::ldexp(mantissa, exponent); }
 };
 
-/// p[i] <- p[i] * c, computed in Compute.
+/// p[i] <- p[i] * c, computed in Compute, with the widest supported vector kernels.
 template <class Compute, class T>
 inline void multiply(T* p, std::size_t n, Compute c) noexcept {
-  for (std::size_t i = 0; i < n; ++i) p[i] = narrow<T>(widen<Compute>(p[i]) * c);
+  multiply<Compute>(best_isa(), p, n, c);
 }
 
 /// p[i] <- (p[i] * 2^k1 * f) * 2^k2 in FP64: every factor a normal double, one rounding that matters.
@@ -41,7 +43,7 @@ struct scale_kernel {
   static void run(T* p, std::size_t n, const factor& c) noexcept {
     const double value = c.value();
     if constexpr (std::is_same_v<T, double>) {
-      if (value != 0 && std::abs(value) < std::numeric_limits<double>::min())
+      if (c.mantissa != 0 && std::abs(value) < std::numeric_limits<double>::min())
         multiply_split(p, n, c);
       else
         multiply<double>(p, n, value);
@@ -70,11 +72,15 @@ struct scale_kernel<promote> {
 
 template <>
 struct scale_kernel<naive> {
-  // The coefficient rounded to T and applied in T's own arithmetic.
+  // The coefficient rounded to T and applied in T's own arithmetic. Eigen multiplies two halves (or two
+  // bfloat16s) exactly in FP32 and rounds the product once, which is what multiply<float> does.
   template <class T>
   static void run(T* p, std::size_t n, const factor& c) noexcept {
     const T coefficient(static_cast<T>(c.value()));
-    for (std::size_t i = 0; i < n; ++i) p[i] = p[i] * coefficient;
+    if constexpr (std::is_same_v<T, double>)
+      multiply<double>(p, n, coefficient);
+    else
+      multiply<float>(p, n, to_float(coefficient));
   }
 };
 

@@ -1,0 +1,338 @@
+// The two memory-bound kernels every policy is built from (blocked sums of squares, in-place scaling),
+// in a portable version and, on x86-64 with GCC or Clang, AVX2/F16C/FMA and AVX-512 versions chosen
+// once at run time, so a build without -march still runs at memory speed.
+#pragma once
+
+#include <gradclip/detail/element.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#if !defined(GRADCLIP_NO_SIMD) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GRADCLIP_X86_DISPATCH 1
+#include <immintrin.h>
+#else
+#define GRADCLIP_X86_DISPATCH 0
+#endif
+
+namespace gradclip::detail {
+
+// Elements per block: small enough that a block is rescanned from L1 when it needs rescaling,
+// large enough that the per-block bookkeeping is negligible.
+inline constexpr std::size_t block_size = 1024;
+
+namespace portable {
+
+// Many independent accumulators: they let the compiler vectorize without -ffast-math, hide the add
+// latency and, as a side effect, sum pairwise-like (error ~ n/lanes instead of n).
+template <class Acc>
+inline constexpr std::size_t lanes = 128 / sizeof(Acc);
+
+template <class Acc, std::size_t L>
+inline Acc sum_lanes(const Acc (&acc)[L]) noexcept {
+  Acc partial[L];
+  std::copy(acc, acc + L, partial);
+  for (std::size_t width = L / 2; width > 0; width /= 2)
+    for (std::size_t j = 0; j < width; ++j) partial[j] += partial[j + width];
+  return partial[0];
+}
+
+/// sum(x^2) over n elements, each widened to Acc (and multiplied by `scale`, a power of two).
+template <class Acc, class T>
+inline Acc sum_squares(const T* p, std::size_t n, Acc scale = Acc(1)) noexcept {
+  constexpr std::size_t L = lanes<Acc>;
+  Acc acc[L] = {};
+  std::size_t i = 0;
+  for (; i + L <= n; i += L)
+    for (std::size_t j = 0; j < L; ++j) {
+      const Acc v = widen<Acc>(p[i + j]) * scale;
+      acc[j] += v * v;
+    }
+  for (std::size_t j = 0; i + j < n; ++j) {
+    const Acc v = widen<Acc>(p[i + j]) * scale;
+    acc[j] += v * v;
+  }
+  return sum_lanes(acc);
+}
+
+/// sum(x^2) and max|x| in one sweep. A NaN element makes the sum NaN; the max ignores NaN.
+template <class Acc, class T>
+inline void sum_squares_and_max(const T* p, std::size_t n, Acc& sum, Acc& max) noexcept {
+  constexpr std::size_t L = lanes<Acc>;
+  Acc acc[L] = {};
+  Acc top[L] = {};
+  for (std::size_t i = 0; i < n; i += L)
+    for (std::size_t j = 0; j < L && i + j < n; ++j) {
+      const Acc v = widen<Acc>(p[i + j]);
+      acc[j] += v * v;
+      const Acc a = std::abs(v);
+      top[j] = top[j] < a ? a : top[j];
+    }
+  sum = sum_lanes(acc);
+  max = *std::max_element(top, top + L);
+}
+
+/// Sums the squares of each block of block_size elements in Acc and totals the block sums in FP64.
+/// When Ranged, stops before the first block whose max|x| (NaN ignored) is nonzero and outside
+/// [lo, hi), for the caller to rescale. `done` is the number of elements summed.
+template <class Acc, bool Ranged, class T>
+double block_sums(const T* p, std::size_t n, Acc lo, Acc hi, std::size_t& done) noexcept {
+  double total = 0;
+  std::size_t start = 0;
+  for (; start < n; start += block_size) {
+    const std::size_t m = std::min(block_size, n - start);
+    Acc sum = 0, top = 0;
+    if constexpr (Ranged)
+      sum_squares_and_max<Acc>(p + start, m, sum, top);
+    else
+      sum = sum_squares<Acc>(p + start, m);
+    if (Ranged && top != Acc(0) && !(top >= lo && top < hi)) break;
+    total += static_cast<double>(sum);
+  }
+  done = std::min(start, n);
+  return total;
+}
+
+/// p[i] <- p[i] * c computed in Compute and rounded once to T, to nearest even.
+template <class Compute, class T>
+void multiply(T* p, std::size_t n, Compute c) noexcept {
+  for (std::size_t i = 0; i < n; ++i) p[i] = narrow<T>(widen<Compute>(p[i]) * c);
+}
+
+}  // namespace portable
+
+/// The instruction sets gradclip has kernels for, each a superset of the one before.
+enum class isa { portable, avx2, avx512 };
+
+/// Whether this CPU (and OS) runs the kernels of `target`.
+inline bool isa_supported(isa target) noexcept {
+#if GRADCLIP_X86_DISPATCH
+  __builtin_cpu_init();
+  // Every CPU with AVX2 also has F16C (Haswell, Excavator and later).
+  const bool avx2 = __builtin_cpu_supports("avx2");
+  switch (target) {
+    case isa::avx512:
+      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    case isa::avx2:
+      return avx2;
+    case isa::portable:
+      break;
+  }
+#endif
+  return target == isa::portable;
+}
+
+/// The widest supported instruction set, detected once.
+inline isa best_isa() noexcept {
+  static const isa best = isa_supported(isa::avx512) ? isa::avx512
+                          : isa_supported(isa::avx2) ? isa::avx2
+                                                     : isa::portable;
+  return best;
+}
+
+#if GRADCLIP_X86_DISPATCH
+
+// Each region compiles its functions for one instruction set; nothing in them runs unless best_isa()
+// chose it. The same loops (simd_loops.inc) are included in each. No FMA: squares are rounded before
+// they are added, as in the portable kernels, so a result does not depend on the instruction set.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c")
+#pragma GCC optimize("fp-contract=off")  // FMA (in AVX-512F too) would skip the rounding of squares
+// GCC 12's intrinsics build their "undefined" vectors from themselves (bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+namespace avx2 {
+
+struct f32 {
+  using vec = __m256;
+  static constexpr std::size_t width = 8;
+  static vec zero() noexcept { return _mm256_setzero_ps(); }
+  static vec set1(float x) noexcept { return _mm256_set1_ps(x); }
+  static vec load(const float* p) noexcept { return _mm256_loadu_ps(p); }
+  static vec load(const Eigen::half* p) noexcept {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static vec load(const Eigen::bfloat16* p) noexcept {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+  static void store(float* p, vec v) noexcept { _mm256_storeu_ps(p, v); }
+  static void store(Eigen::half* p, vec v) noexcept {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  // Eigen's rounding: add 0x7fff plus the lowest kept bit, truncate; NaN becomes a signed quiet NaN.
+  static void store(Eigen::bfloat16* p, vec v) noexcept {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i high = _mm256_srli_epi32(bits, 16);
+    const __m256i bias = _mm256_add_epi32(_mm256_and_si256(high, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
+    const __m256i quiet = _mm256_or_si256(_mm256_and_si256(high, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7fc0));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const __m256i result = _mm256_blendv_epi8(rounded, quiet, nan);
+    // packus works per 128-bit half: gather the two low quadwords.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(result, result), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
+  static vec add_square(vec acc, vec v) noexcept { return _mm256_add_ps(acc, _mm256_mul_ps(v, v)); }
+  static vec mul(vec a, vec b) noexcept { return _mm256_mul_ps(a, b); }
+  static vec abs(vec v) noexcept { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+  static vec max(vec a, vec b) noexcept { return _mm256_max_ps(a, b); }  // b where a is NaN
+  static float max_lane(vec v) noexcept {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+  }
+};
+
+struct f64 {
+  using vec = __m256d;
+  static constexpr std::size_t width = 4;
+  static vec zero() noexcept { return _mm256_setzero_pd(); }
+  static vec set1(double x) noexcept { return _mm256_set1_pd(x); }
+  static vec load(const double* p) noexcept { return _mm256_loadu_pd(p); }
+  static vec load(const float* p) noexcept { return _mm256_cvtps_pd(_mm_loadu_ps(p)); }
+  static vec load(const Eigen::half* p) noexcept {
+    return _mm256_cvtps_pd(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static vec load(const Eigen::bfloat16* p) noexcept {
+    const __m128i wide = _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_cvtps_pd(_mm_castsi128_ps(_mm_slli_epi32(wide, 16)));
+  }
+  static void store(double* p, vec v) noexcept { _mm256_storeu_pd(p, v); }
+  static void store(float* p, vec v) noexcept { _mm_storeu_ps(p, _mm256_cvtpd_ps(v)); }
+  static vec add_square(vec acc, vec v) noexcept { return _mm256_add_pd(acc, _mm256_mul_pd(v, v)); }
+  static vec mul(vec a, vec b) noexcept { return _mm256_mul_pd(a, b); }
+  static vec abs(vec v) noexcept { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), v); }
+  static vec max(vec a, vec b) noexcept { return _mm256_max_pd(a, b); }
+  static double max_lane(vec v) noexcept {
+    const __m128d s = _mm_max_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_max_sd(s, _mm_unpackhi_pd(s, s)));
+  }
+};
+
+#include <gradclip/detail/simd_loops.inc>
+
+}  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c"))), \
+                             apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")
+#pragma GCC optimize("fp-contract=off")  // FMA (in AVX-512F too) would skip the rounding of squares
+#endif
+// The masked (maskz) forms of the intrinsics: GCC 12's unmasked ones start from an "undefined" vector
+// that -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593).
+namespace avx512 {
+
+struct f32 {
+  using vec = __m512;
+  static constexpr std::size_t width = 16;
+  static vec zero() noexcept { return _mm512_setzero_ps(); }
+  static vec set1(float x) noexcept { return _mm512_set1_ps(x); }
+  static vec load(const float* p) noexcept { return _mm512_loadu_ps(p); }
+  static vec load(const Eigen::half* p) noexcept {
+    return _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static vec load(const Eigen::bfloat16* p) noexcept {
+    const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, wide, 16));
+  }
+  static void store(float* p, vec v) noexcept { _mm512_storeu_ps(p, v); }
+  static void store(Eigen::half* p, vec v) noexcept {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_maskz_cvtps_ph(0xffff, v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  static void store(Eigen::bfloat16* p, vec v) noexcept {  // see avx2::f32
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i high = _mm512_maskz_srli_epi32(0xffff, bits, 16);
+    const __m512i bias = _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
+    const __m512i rounded = _mm512_maskz_srli_epi32(0xffff, _mm512_add_epi32(bits, bias), 16);
+    const __m512i quiet = _mm512_or_si512(_mm512_and_si512(high, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7fc0));
+    const __m512i result = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, quiet);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_maskz_cvtepi32_epi16(0xffff, result));
+  }
+  static vec add_square(vec acc, vec v) noexcept { return _mm512_add_ps(acc, _mm512_mul_ps(v, v)); }
+  static vec mul(vec a, vec b) noexcept { return _mm512_mul_ps(a, b); }
+  static vec abs(vec v) noexcept { return _mm512_abs_ps(v); }
+  static vec max(vec a, vec b) noexcept { return _mm512_maskz_max_ps(0xffff, a, b); }  // b where a is NaN
+  static float max_lane(vec v) noexcept {
+    float lanes[width];
+    _mm512_storeu_ps(lanes, v);
+    return *std::max_element(lanes, lanes + width);
+  }
+};
+
+struct f64 {
+  using vec = __m512d;
+  static constexpr std::size_t width = 8;
+  static vec zero() noexcept { return _mm512_setzero_pd(); }
+  static vec set1(double x) noexcept { return _mm512_set1_pd(x); }
+  static vec load(const double* p) noexcept { return _mm512_loadu_pd(p); }
+  static vec load(const float* p) noexcept { return _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(p)); }
+  static vec load(const Eigen::half* p) noexcept {
+    return _mm512_maskz_cvtps_pd(0xff, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static vec load(const Eigen::bfloat16* p) noexcept {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_maskz_cvtps_pd(0xff, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+  }
+  static void store(double* p, vec v) noexcept { _mm512_storeu_pd(p, v); }
+  static void store(float* p, vec v) noexcept { _mm256_storeu_ps(p, _mm512_maskz_cvtpd_ps(0xff, v)); }
+  static vec add_square(vec acc, vec v) noexcept { return _mm512_add_pd(acc, _mm512_mul_pd(v, v)); }
+  static vec mul(vec a, vec b) noexcept { return _mm512_mul_pd(a, b); }
+  static vec abs(vec v) noexcept { return _mm512_abs_pd(v); }
+  static vec max(vec a, vec b) noexcept { return _mm512_maskz_max_pd(0xff, a, b); }
+  static double max_lane(vec v) noexcept {
+    double lanes[width];
+    _mm512_storeu_pd(lanes, v);
+    return *std::max_element(lanes, lanes + width);
+  }
+};
+
+#include <gradclip/detail/simd_loops.inc>
+
+}  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#endif  // GRADCLIP_X86_DISPATCH
+
+/// portable::block_sums on the kernels of `target` (which must be supported).
+template <class Acc, bool Ranged, class T>
+double block_sums(isa target, const T* p, std::size_t n, Acc lo, Acc hi, std::size_t& done) noexcept {
+#if GRADCLIP_X86_DISPATCH
+  if (target == isa::avx512) return avx512::block_sums<Acc, Ranged>(p, n, lo, hi, done);
+  if (target == isa::avx2) return avx2::block_sums<Acc, Ranged>(p, n, lo, hi, done);
+#endif
+  return portable::block_sums<Acc, Ranged>(p, n, lo, hi, done);
+}
+
+/// portable::multiply on the kernels of `target` (which must be supported). 16-bit elements scaled in
+/// FP64 (coefficients outside FP32's normal range, rare) stay portable.
+template <class Compute, class T>
+void multiply(isa target, T* p, std::size_t n, Compute c) noexcept {
+#if GRADCLIP_X86_DISPATCH
+  if constexpr (std::is_same_v<Compute, float> || std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if (target == isa::avx512) return avx512::multiply<Compute>(p, n, c);
+    if (target == isa::avx2) return avx2::multiply<Compute>(p, n, c);
+  }
+#endif
+  portable::multiply<Compute>(p, n, c);
+}
+
+}  // namespace gradclip::detail

@@ -1,0 +1,218 @@
+// Every vector kernel (AVX2, AVX-512, whichever this CPU runs) against the portable scalar reference:
+// lengths around the vector and block widths, misaligned starts, out-of-range blocks, NaN and Inf, and
+// every 16-bit pattern through the scaling kernel.
+#include <gradclip/detail/simd.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using gradclip::detail::isa;
+namespace portable = gradclip::detail::portable;
+
+constexpr std::uint64_t seed = 20261202;
+constexpr std::size_t lengths[] = {0,  1,  3,  7,   8,   15,   16,   17,   31,   32,  33,
+                                   63, 64, 65, 127, 129, 1023, 1024, 1025, 2047, 3001};
+
+std::vector<isa> vector_isas() {
+  std::vector<isa> result;
+  for (isa target : {isa::avx2, isa::avx512})
+    if (gradclip::detail::isa_supported(target)) result.push_back(target);
+  return result;
+}
+
+std::string name_of(isa target) { return target == isa::avx512 ? "avx512" : "avx2"; }
+
+template <class T>
+std::vector<T> random_values(std::size_t n, std::mt19937_64& rng, double scale = 1.0) {
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(static_cast<float>(u(rng) * scale));
+  return v;
+}
+
+template <class T>
+std::uint64_t bits(T x) {
+  std::uint64_t b = 0;
+  std::memcpy(&b, &x, sizeof x);
+  return b;
+}
+
+template <class T>
+bool is_nan(T x) {
+  return std::isnan(static_cast<double>(x));
+}
+
+template <class T>
+class Kernels : public ::testing::Test {};
+using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
+TYPED_TEST_SUITE(Kernels, ElementTypes);
+
+TEST(Dispatch, BestIsaIsSupported) {
+  EXPECT_TRUE(gradclip::detail::isa_supported(gradclip::detail::best_isa()));
+  EXPECT_TRUE(gradclip::detail::isa_supported(isa::portable));
+}
+
+// Sums of exact squares (16-bit and FP32 elements in FP64, 16-bit in FP32) match the reference bit for
+// bit; FP32 and FP64 squares rounded in their own type may differ by the FMA's missing rounding.
+template <class Acc, class T>
+void check_block_sums(const std::vector<T>& data, std::size_t offset, std::size_t n, const char* what) {
+  constexpr bool exact = !std::is_same_v<T, double> && !(std::is_same_v<Acc, float> && std::is_same_v<T, float>);
+  const Acc lo = std::ldexp(Acc(1), -20), hi = std::ldexp(Acc(1), 20);
+  for (isa target : vector_isas()) {
+    SCOPED_TRACE(name_of(target) + " " + what + " n=" + std::to_string(n) + " offset=" + std::to_string(offset));
+    std::size_t done_ref = 0, done = 0;
+    const double ref = portable::block_sums<Acc, false>(data.data() + offset, n, lo, hi, done_ref);
+    const double got = gradclip::detail::block_sums<Acc, false>(target, data.data() + offset, n, lo, hi, done);
+    EXPECT_EQ(done, n);
+    EXPECT_EQ(done_ref, n);
+    const double ref_ranged = portable::block_sums<Acc, true>(data.data() + offset, n, lo, hi, done_ref);
+    const double got_ranged = gradclip::detail::block_sums<Acc, true>(target, data.data() + offset, n, lo, hi, done);
+    EXPECT_EQ(done, done_ref);
+    for (auto [r, g] : {std::pair{ref, got}, std::pair{ref_ranged, got_ranged}}) {
+      if (std::isnan(r)) {
+        EXPECT_TRUE(std::isnan(g));
+      } else if (exact || std::isinf(r)) {
+        EXPECT_EQ(g, r);
+      } else {
+        EXPECT_NEAR(g, r, std::abs(r) * 4 * std::numeric_limits<Acc>::epsilon());
+      }
+    }
+  }
+}
+
+template <class T, class F>
+void for_each_accumulator(F&& f) {
+  f(double{});
+  if constexpr (!std::is_same_v<T, double>) f(float{});
+}
+
+TYPED_TEST(Kernels, BlockSumsMatchPortableForEveryLengthAndAlignment) {
+  using T = TypeParam;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const auto data = random_values<T>(3001 + 4, rng);
+  for_each_accumulator<T>([&](auto acc) {
+    for (std::size_t n : lengths)
+      for (std::size_t offset = 0; offset < 4; ++offset) check_block_sums<decltype(acc)>(data, offset, n, "random");
+  });
+}
+
+TYPED_TEST(Kernels, BlockSumsStopAtTheSameOutOfRangeBlock) {
+  using T = TypeParam;
+  std::mt19937_64 rng(seed + 1);
+  for_each_accumulator<T>([&](auto acc) {
+    using Acc = decltype(acc);
+    for (double outlier : {1e6, 1e-7, 0.0}) {
+      for (std::size_t position : {std::size_t{5}, std::size_t{1024 + 40}, std::size_t{2048 + 1000}}) {
+        auto data = random_values<T>(3001, rng, 1.0);
+        if (outlier == 0.0) {  // a block of zeros is in range: nothing stops
+          std::fill(data.begin() + 1024, data.begin() + 2048, T(0));
+        } else {
+          std::fill(
+              data.begin() + static_cast<std::ptrdiff_t>(position / 1024 * 1024),
+              data.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(position / 1024 * 1024 + 1024, 3001)),
+              T(static_cast<float>(outlier)));
+        }
+        check_block_sums<Acc>(data, 0, data.size(), "outlier");
+      }
+    }
+  });
+}
+
+TYPED_TEST(Kernels, BlockSumsPropagateNanAndInf) {
+  using T = TypeParam;
+  std::mt19937_64 rng(seed + 2);
+  for_each_accumulator<T>([&](auto acc) {
+    using Acc = decltype(acc);
+    for (std::size_t position : {std::size_t{0}, std::size_t{17}, std::size_t{1030}, std::size_t{2999}}) {
+      for (T special : {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
+                        T(-std::numeric_limits<T>::infinity())}) {
+        auto data = random_values<T>(3000, rng);
+        data[position] = special;
+        check_block_sums<Acc>(data, 0, data.size(), "special");
+        std::size_t done = 0;
+        const double sum = gradclip::detail::block_sums<Acc, false>(gradclip::detail::best_isa(), data.data(),
+                                                                    data.size(), Acc(0), Acc(0), done);
+        EXPECT_EQ(std::isnan(sum), is_nan(special));
+        EXPECT_EQ(std::isinf(sum), !is_nan(special));
+      }
+    }
+  });
+}
+
+template <class Compute, class T>
+void check_multiply(const std::vector<T>& data, Compute c, std::size_t offset, std::size_t n) {
+  for (isa target : vector_isas()) {
+    SCOPED_TRACE(name_of(target) + " c=" + std::to_string(static_cast<double>(c)) + " n=" + std::to_string(n) +
+                 " offset=" + std::to_string(offset));
+    auto expected = data;
+    auto got = data;
+    portable::multiply<Compute>(expected.data() + offset, n, c);
+    gradclip::detail::multiply<Compute>(target, got.data() + offset, n, c);
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      if (is_nan(expected[i])) {
+        ASSERT_TRUE(is_nan(got[i])) << "element " << i;  // the NaN payload may differ
+        ASSERT_EQ(std::signbit(static_cast<double>(got[i])), std::signbit(static_cast<double>(expected[i])));
+      } else {
+        ASSERT_EQ(bits(got[i]), bits(expected[i])) << "element " << i << " of " << data.size();
+      }
+    }
+  }
+}
+
+template <class T, class F>
+void for_each_compute(F&& f) {
+  if constexpr (!std::is_same_v<T, double>) f(float{});
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) f(double{});
+}
+
+TYPED_TEST(Kernels, MultiplyMatchesPortableBitForBit) {
+  using T = TypeParam;
+  std::mt19937_64 rng(seed + 3);
+  const auto data = random_values<T>(3001 + 4, rng, 100.0);
+  for_each_compute<T>([&](auto compute) {
+    using Compute = decltype(compute);
+    for (Compute c : {Compute(0.3), Compute(1.0) / Compute(3), Compute(1e-3), Compute(0)})
+      for (std::size_t n : lengths)
+        for (std::size_t offset = 0; offset < 4; ++offset) check_multiply<Compute>(data, c, offset, n);
+  });
+}
+
+TYPED_TEST(Kernels, MultiplyRoundsEverySixteenBitPatternLikeEigen) {
+  using T = TypeParam;
+  if constexpr (sizeof(T) == 2) {
+    std::vector<T> all(65536);
+    for (std::uint32_t b = 0; b <= 0xffffu; ++b) all[b] = Eigen::numext::bit_cast<T>(static_cast<std::uint16_t>(b));
+    // Ties, overflow to inf, results in the subnormal range, and exact values.
+    for (float c : {0.75f, 1.0f / 3.0f, 1.00048828125f, 3e4f, 1e-5f, 1.0f, -1.0f})
+      check_multiply<float>(all, c, 0, all.size());
+  } else {
+    GTEST_SKIP() << "16-bit element types only";
+  }
+}
+
+TYPED_TEST(Kernels, MultiplyKeepsNanInfAndSubnormals) {
+  using T = TypeParam;
+  std::vector<T> data(70, T(1.5f));
+  data[3] = std::numeric_limits<T>::quiet_NaN();
+  data[20] = std::numeric_limits<T>::infinity();
+  data[33] = std::numeric_limits<T>::denorm_min();
+  data[34] = std::numeric_limits<T>::max();
+  data[69] = std::numeric_limits<T>::quiet_NaN();
+  for_each_compute<T>([&](auto compute) {
+    using Compute = decltype(compute);
+    for (Compute c : {Compute(0.5), Compute(0), std::numeric_limits<Compute>::quiet_NaN(), Compute(3)})
+      check_multiply<Compute>(data, c, 0, data.size());
+  });
+}
+
+}  // namespace
