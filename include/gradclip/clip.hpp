@@ -46,7 +46,10 @@ inline clip_plan plan_clip(const char* function, const partial_norm& part, doubl
   }
   const double r = std::sqrt(part.sum);
   if (!(r > std::ldexp(max_norm, -part.exponent))) return {{norm, 1.0, false, true}, {}};
-  const factor c{max_norm / (r + std::ldexp(opt.epsilon, -part.exponent)), -part.exponent};
+  // max_norm = m * 2^k with m in [0.5, 1), so the mantissa stays normal even when max_norm is subnormal.
+  int k = 0;
+  const double m = std::frexp(max_norm, &k);
+  const factor c{m / (r + std::ldexp(opt.epsilon, -part.exponent)), k - part.exponent};
   return {{norm, c.value(), true, true}, c};
 }
 
@@ -100,15 +103,22 @@ clip_result clip_by_norm(T* data, std::size_t size, double max_norm, options opt
 
 namespace detail {
 
-template <class Policy, class Grads>
-clip_result clip_group(Grads& grads, double max_norm, const options& opt) {
+// Clips a group by the norm `global` (its own, or one reduced across processes), which the caller
+// computes only after the arguments have been checked.
+template <class Policy, class Grads, class GlobalNorm>
+clip_result clip_group(Grads& grads, double max_norm, const options& opt, GlobalNorm&& global) {
   constexpr const char* function = "gradclip::clip_by_global_norm";
   check_clip_arguments(function, max_norm, opt);
-  const clip_plan plan = plan_clip(function, partial_norm_of_group<Policy>(grads), max_norm, opt);
+  const clip_plan plan = plan_clip(function, global(), max_norm, opt);
   if (plan.result.clipped)
     for (auto& g : grads)
       visit_gradient(g, [&](const auto& view) { apply_coefficient<Policy>(view, plan.coefficient); });
   return plan.result;
+}
+
+template <class Policy, class Grads>
+clip_result clip_group(Grads& grads, double max_norm, const options& opt) {
+  return clip_group<Policy>(grads, max_norm, opt, [&] { return partial_norm_of_group<Policy>(grads); });
 }
 
 }  // namespace detail
@@ -136,6 +146,16 @@ clip_result clip_by_global_norm(std::initializer_list<grad_view> grads, double m
   return detail::clip_group<Policy>(grads, max_norm, opt);
 }
 
+/// Clips this process's gradients by a global norm reduced elsewhere (e.g. with NCCL or Gloo from every
+/// rank's partial_global_norm; see partial_norm.hpp). Every rank passing the same `global` applies the
+/// same coefficient, bit for bit.
+///
+///     auto result = gradclip::clip_by_global_norm(local_grads, reduced_partial, 1.0);
+template <class Policy = robust, class Grads>
+clip_result clip_by_global_norm(Grads& local_grads, const partial_norm& global, double max_norm, options opt = {}) {
+  return detail::clip_group<Policy>(local_grads, max_norm, opt, [&] { return global; });
+}
+
 /// Clamps every element to [-limit, limit] in place (limit rounded down to the element type, so no
 /// result exceeds it). NaN elements stay NaN. Throws std::invalid_argument for a negative or NaN limit.
 template <class Grad, class = std::enable_if_t<detail::is_gradient_v<Grad>>>
@@ -144,7 +164,8 @@ void clip_by_value(Grad&& g, double limit) {
   detail::visit_gradient(g, [&](const auto& view) {
     using T = typename std::decay_t<decltype(view)>::element_type;
     static_assert(!std::is_const_v<T>, "Clipping modifies the gradient in place, so it cannot be const.");
-    const T upper = detail::largest_not_above<T>(limit);
+    // abs: a limit of -0.0 is valid and must clamp positive elements to +0, not -0.
+    const T upper = detail::largest_not_above<T>(std::abs(limit));
     const T lower = -upper;
     view.for_each_run(
         [&](T* p, std::size_t n) {
