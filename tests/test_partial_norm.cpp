@@ -70,4 +70,157 @@ TEST(PartialNorm, MergeOrderChangesTheNormByAtMostOneRounding) {
   }
 }
 
+// The exact value of a part, in binary128 (whose exponent range holds every partial_norm the tests build).
+quad exact_sum_of(const partial_norm& p) {
+  quad v = p.sum;
+  for (int i = 0; i < p.exponent; ++i) v *= 4;
+  for (int i = 0; i > p.exponent; --i) v /= 4;
+  return v;
+}
+
+// Parts as ranks of a sharded job produce them: sums of very different scales, some zero.
+std::vector<partial_norm> random_parts(std::mt19937_64& rng, int count) {
+  std::vector<partial_norm> parts;
+  for (int i = 0; i < count; ++i) {
+    if (rng() % 5 == 0) {
+      parts.push_back({});
+      continue;
+    }
+    const double sum =
+        std::ldexp(1.0 + static_cast<double>(rng() >> 11) * 0x1p-53, static_cast<int>(rng() % 200) - 100);
+    parts.push_back({static_cast<int>(rng() % 40) - 20, sum, true});
+  }
+  return parts;
+}
+
+TEST(PartialNorm, MergeIsCommutativeBitForBit) {
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 21);
+  const auto parts = random_parts(rng, 200);
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+    partial_norm ab = parts[i], ba = parts[i + 1];
+    ab.merge(parts[i + 1]);
+    ba.merge(parts[i]);
+    EXPECT_EQ(ab.exponent, ba.exponent);
+    EXPECT_EQ(ab.sum, ba.sum);
+  }
+}
+
+TEST(PartialNorm, MergeOrderChangesTheSumByAtMostOneRoundingPerMerge) {
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 22);
+  auto parts = random_parts(rng, 32);
+  quad exact = 0;
+  for (const auto& p : parts) exact += exact_sum_of(p);
+  const double bound = static_cast<double>(parts.size() - 1) * 0x1p-53;
+  for (int trial = 0; trial < 20; ++trial) {
+    std::shuffle(parts.begin(), parts.end(), rng);
+    partial_norm total;
+    for (const auto& p : parts) total.merge(p);
+    EXPECT_LE(static_cast<double>(quad_abs(exact_sum_of(total) - exact) / exact), bound);
+  }
+}
+
+TEST(PartialNorm, UnscaledPartsNearDoublesMaximumMergeWithoutOverflow) {
+  partial_norm total{0, 1.5e308, true};
+  total.merge({0, 1.5e308, true});
+  EXPECT_TRUE(total.finite);
+  EXPECT_DOUBLE_EQ(total.norm(), std::sqrt(1.5e308) * std::sqrt(2.0));
+}
+
+TEST(PartialNorm, NormalizedKeepsTheValueExactly) {
+  for (const partial_norm p :
+       {partial_norm{0, 1.0, true}, partial_norm{3, 0x1p-1074, true}, partial_norm{-7, 1.7e308, true},
+        partial_norm{0, 3.999, true}, partial_norm{5, 0.3, true}}) {
+    const partial_norm n = p.normalized();
+    EXPECT_GE(n.sum, 1.0);
+    EXPECT_LT(n.sum, 4.0);
+    EXPECT_TRUE(exact_sum_of(n) == exact_sum_of(p));
+  }
+  EXPECT_EQ(partial_norm({9, 0.0, true}).normalized().exponent, 0);
+  EXPECT_TRUE(std::isnan(partial_norm({0, NAN, false}).normalized().sum));
+}
+
+// The two-collective scheme, with the all-reduces simulated in every order a library might use.
+TEST(PartialNorm, ReductionWithDoubleSumsMatchesMergingWithinOneRoundingPerRank) {
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 23);
+  auto parts = random_parts(rng, 64);
+  quad exact = 0;
+  for (const auto& p : parts) exact += exact_sum_of(p);
+  int e = partial_norm::no_exponent;
+  for (const auto& p : parts) e = std::max(e, p.reduction_exponent());
+  for (int trial = 0; trial < 10; ++trial) {
+    std::shuffle(parts.begin(), parts.end(), rng);
+    double s = 0;
+    for (const auto& p : parts) {
+      const double contribution = p.reduction_sum(e);
+      EXPECT_GE(contribution, 0.0);
+      EXPECT_LT(contribution, 4.0);
+      s += contribution;
+    }
+    const partial_norm total = partial_norm::from_reduction(e, s);
+    EXPECT_LE(static_cast<double>(quad_abs(exact_sum_of(total) - exact) / exact), parts.size() * 0x1p-53);
+  }
+}
+
+TEST(PartialNorm, ReductionWithExactSumsIsOrderIndependentAndCorrectlyRounded) {
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 24);
+  for (int round = 0; round < 50; ++round) {
+    auto parts = random_parts(rng, 1 + static_cast<int>(rng() % 40));
+    quad exact = 0;
+    for (const auto& p : parts) exact += exact_sum_of(p);
+    int e = partial_norm::no_exponent;
+    for (const auto& p : parts) e = std::max(e, p.reduction_exponent());
+    partial_norm first;
+    for (int trial = 0; trial < 5; ++trial) {
+      std::shuffle(parts.begin(), parts.end(), rng);
+      partial_norm::exact_sum s{};
+      for (const auto& p : parts) {
+        const auto limbs = p.reduction_exact_sum(e);
+        for (std::size_t j = 0; j < s.size(); ++j) s[j] += limbs[j];
+      }
+      const partial_norm total = partial_norm::from_reduction(e, s);
+      if (trial == 0) first = total;
+      EXPECT_EQ(total.exponent, first.exponent);
+      EXPECT_EQ(total.sum, first.sum);  // bit for bit, whatever the order
+    }
+    if (exact == 0) {
+      EXPECT_EQ(first.sum, 0.0);
+      continue;
+    }
+    // Correct rounding of the exact total, up to the 2^-94 fixed-point resolution of each part.
+    EXPECT_LE(static_cast<double>(quad_abs(exact_sum_of(first) - exact) / exact), 0x1p-53 + parts.size() * 0x1p-94);
+  }
+}
+
+TEST(PartialNorm, ReductionCarriesNonFinitePartsAndEmptyRanks) {
+  const partial_norm nan{0, NAN, false}, inf{0, INFINITY, false}, zero{}, one{0, 1.0, true};
+  const auto reduce = [](std::vector<partial_norm> parts) {
+    int e = partial_norm::no_exponent;
+    for (const auto& p : parts) e = std::max(e, p.reduction_exponent());
+    partial_norm::exact_sum s{};
+    double d = 0;
+    for (const auto& p : parts) {
+      const auto limbs = p.reduction_exact_sum(e);
+      for (std::size_t j = 0; j < s.size(); ++j) s[j] += limbs[j];
+      d += p.reduction_sum(e);
+    }
+    const partial_norm exact = partial_norm::from_reduction(e, s), floating = partial_norm::from_reduction(e, d);
+    EXPECT_EQ(exact.finite, floating.finite);
+    EXPECT_EQ(std::isnan(exact.norm()), std::isnan(floating.norm()));
+    if (exact.finite) {
+      EXPECT_EQ(exact.norm(), floating.norm());
+    }
+    return exact;
+  };
+  EXPECT_EQ(reduce({zero, zero}).norm(), 0.0);
+  EXPECT_EQ(reduce({}).norm(), 0.0);
+  EXPECT_EQ(reduce({zero, one, zero}).norm(), 1.0);
+  EXPECT_EQ(reduce({one, inf}).norm(), INFINITY);
+  EXPECT_FALSE(reduce({inf, zero}).finite);
+  EXPECT_TRUE(std::isnan(reduce({inf, one, nan}).norm()));
+}
+
 }  // namespace
