@@ -1,0 +1,133 @@
+// gradclip::libtorch::clip_grad_norm_ beside what a libtorch user has: torch::nn::utils::clip_grad_norm_
+// for FP32, and for FP16 (which it cannot clip on the CPU) the cast-to-float version a user would write.
+// A plain read of the same bytes, in the same binary, is the memory roofline.
+//
+// Names are `<case><dtype>/tensors:<count>/elements:<per tensor>`, so rows join with the main suite's
+// by dtype and total size. Every clip binds: max_norm shrinks by 0.1% per iteration below the norm the
+// previous iteration left, so each call reads the gradients twice and writes them once, as in training.
+// libtorch runs on one thread, like gradclip.
+#include <gradclip/torch.hpp>
+
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct layout {
+  std::int64_t tensors;
+  std::int64_t elements;  // per tensor
+};
+
+constexpr layout layouts[] = {{1, std::int64_t{64} << 20}, {256, std::int64_t{16} << 10}};
+
+std::vector<torch::Tensor> random_grads(const layout& shape, torch::Dtype type) {
+  torch::manual_seed(20261202);
+  std::vector<torch::Tensor> grads;
+  for (std::int64_t i = 0; i < shape.tensors; ++i) grads.push_back(torch::randn({shape.elements}).to(type));
+  return grads;
+}
+
+std::vector<torch::Tensor> parameters_with(const std::vector<torch::Tensor>& grads) {
+  std::vector<torch::Tensor> parameters;
+  for (const auto& g : grads) {
+    auto p = torch::empty({0});
+    p.mutable_grad() = g;  // clip_grad_norm_ only looks at .grad()
+    parameters.push_back(p);
+  }
+  return parameters;
+}
+
+double global_norm(const std::vector<torch::Tensor>& grads) {
+  double sum = 0;
+  for (const auto& g : grads) sum += g.to(torch::kDouble).square().sum().item<double>();
+  return std::sqrt(sum);
+}
+
+void set_bytes(benchmark::State& state, const layout& shape, torch::Dtype type) {
+  state.SetBytesProcessed(state.iterations() * shape.tensors * shape.elements *
+                          static_cast<std::int64_t>(torch::elementSize(type)));
+}
+
+/// Runs clip(parameters, grads, max_norm) with a max_norm just below the current norm every iteration.
+template <class Clip>
+void run_clip(benchmark::State& state, const layout& shape, torch::Dtype type, Clip clip) {
+  const auto grads = random_grads(shape, type);
+  const auto parameters = parameters_with(grads);
+  double max_norm = global_norm(grads);
+  for (auto _ : state) {
+    max_norm *= 0.999;
+    clip(parameters, grads, max_norm);
+  }
+  set_bytes(state, shape, type);
+}
+
+void libtorch_native(benchmark::State& state, layout shape, torch::Dtype type) {
+  run_clip(state, shape, type, [](const auto& parameters, const auto&, double max_norm) {
+    benchmark::DoNotOptimize(torch::nn::utils::clip_grad_norm_(parameters, max_norm));
+  });
+}
+
+/// What a user writes when libtorch refuses FP16: norms in FP32, then an in-place multiply.
+void libtorch_cast_float(benchmark::State& state, layout shape, torch::Dtype type) {
+  run_clip(state, shape, type, [](const auto&, const auto& grads, double max_norm) {
+    std::vector<torch::Tensor> norms;
+    for (const auto& g : grads) norms.push_back(g.to(torch::kFloat).norm());
+    const auto total = torch::stack(norms).norm();
+    const auto coefficient = torch::clamp_max(max_norm / (total + 1e-6), 1.0);
+    for (const auto& g : grads) g.mul_(coefficient);
+    benchmark::DoNotOptimize(total.item<double>());
+  });
+}
+
+void gradclip_libtorch(benchmark::State& state, layout shape, torch::Dtype type) {
+  run_clip(state, shape, type, [](const auto& parameters, const auto&, double max_norm) {
+    benchmark::DoNotOptimize(gradclip::libtorch::clip_grad_norm_(parameters, max_norm));
+  });
+}
+
+/// The roofline: every byte of the same tensors read once as 64-bit words, folded by XOR.
+void plain_read(benchmark::State& state, layout shape, torch::Dtype type) {
+  const auto grads = random_grads(shape, type);
+  for (auto _ : state) {
+    std::uint64_t folded = 0;
+    for (const auto& g : grads) {
+      const auto* words = static_cast<const std::uint64_t*>(g.data_ptr());
+      const auto count = g.nbytes() / sizeof(std::uint64_t);
+      for (std::size_t i = 0; i < count; ++i) folded ^= words[i];
+    }
+    benchmark::DoNotOptimize(folded);
+  }
+  set_bytes(state, shape, type);
+}
+
+void register_case(const char* name, void (*function)(benchmark::State&, layout, torch::Dtype), torch::Dtype type,
+                   const char* dtype_name) {
+  for (const auto& shape : layouts) {
+    const std::string full = std::string(name) + "<" + dtype_name + ">/tensors:" + std::to_string(shape.tensors) +
+                             "/elements:" + std::to_string(shape.elements);
+    benchmark::RegisterBenchmark(full.c_str(), function, shape, type)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  torch::set_num_threads(1);
+  register_case("plain_read", plain_read, torch::kFloat, "float32");
+  register_case("libtorch_clip_grad_norm_", libtorch_native, torch::kFloat, "float32");
+  register_case("gradclip_libtorch_clip_grad_norm_", gradclip_libtorch, torch::kFloat, "float32");
+  register_case("plain_read", plain_read, torch::kHalf, "float16");
+  register_case("libtorch_cast_float", libtorch_cast_float, torch::kHalf, "float16");
+  register_case("gradclip_libtorch_clip_grad_norm_", gradclip_libtorch, torch::kHalf, "float16");
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
