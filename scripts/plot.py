@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""Plots for gradclip's docs, one subcommand per kind of data.
+
+    scripts/plot.py training <log.csv> <out.png>   # loss, clip fraction and loss scale against step
+    scripts/plot.py bench <native.json> <out.md> <out.png> [--default json] [--torch json]
+
+Needs matplotlib (Debian: python3-matplotlib).
+"""
+import argparse
+import csv
+import sys
+
+
+def load_matplotlib():
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def training(args):
+    """The training log of examples/mixed_precision_rnn (columns run, step, loss, loss_scale,
+    clip_fraction, nonfinite_steps, ...): loss on a log scale, clip fraction and loss scale, one colour per run."""
+    runs = {}
+    with open(args.csv, newline="") as f:
+        for row in csv.DictReader(f):
+            runs.setdefault(row["run"], []).append(row)
+    if not runs:
+        sys.exit(f"{args.csv}: no rows")
+
+    plt = load_matplotlib()
+    fig, (loss_ax, clip_ax, scale_ax) = plt.subplots(3, 1, sharex=True, figsize=(7, 7.5))
+    for name, rows in runs.items():
+        step = [int(r["step"]) for r in rows]
+        loss = [float(r["loss"]) for r in rows]
+        clip = [float(r["clip_fraction"]) for r in rows]
+        scale = [float(r["loss_scale"]) for r in rows]
+        (line,) = loss_ax.plot(step, loss, marker="o", markersize=3, label=name)
+        clip_ax.plot(step, clip, marker="o", markersize=3, label=f"{name}: clipped")
+        scale_ax.plot(step, scale, marker="o", markersize=3, label=name)
+        # Steps whose norm was not finite are no clipping decision: skipped steps, or for naive FP16 overflows
+        # of its sum of squares, which zero the gradient. Shown dashed when there are any.
+        nonfinite = [int(r["nonfinite_steps"]) for r in rows]
+        if any(nonfinite):
+            interval = [b - a for a, b in zip([0] + step, step)]
+            fraction = [n / i for n, i in zip(nonfinite, interval)]
+            clip_ax.plot(step, fraction, linestyle="--", color=line.get_color(), label=f"{name}: norm not finite")
+    loss_ax.set_yscale("log")
+    loss_ax.set_ylabel("loss (mean per interval)")
+    loss_ax.legend()
+    clip_ax.set_ylabel("fraction of steps")
+    clip_ax.legend(fontsize="small")
+    clip_ax.set_ylim(-0.05, 1.05)
+    scale_ax.set_yscale("log", base=2)
+    scale_ax.set_ylabel("loss scale S")
+    scale_ax.set_xlabel("step")
+    for ax in (loss_ax, clip_ax, scale_ax):
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(args.title)
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=100)
+    print(f"wrote {args.png}")
+
+
+def load_benchmarks(path):
+    """{name: (median real time in seconds, bytes per second)} from Google Benchmark's JSON, run with
+    --benchmark_repetitions and --benchmark_report_aggregates_only (single runs are used when alone)."""
+    import json
+
+    scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+    with open(path) as f:
+        data = json.load(f)
+    out = {}
+    for b in data["benchmarks"]:
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+            continue
+        # Drop the suffixes Google Benchmark appends (min_time:..., real_time, repeats:...).
+        parts = b.get("run_name", b["name"]).split("/")
+        name = "/".join(x for x in parts if not x.startswith(("min_time:", "real_time", "repeats:", "threads:")))
+        if b.get("run_type") == "aggregate" or name not in out:
+            out[name] = (b["real_time"] * scale[b["time_unit"]], b.get("bytes_per_second", 0.0))
+    return out, data.get("context", {})
+
+
+def bench(args):
+    """Ratio tables (markdown) and a throughput plot from bench_clip's JSON (op/policy/dtype/elements),
+    optionally a default-flags run of the same binary and bench_torch's JSON."""
+    native, context = load_benchmarks(args.native)
+    default = load_benchmarks(args.default)[0] if args.default else {}
+    torch = load_benchmarks(args.torch)[0] if args.torch else {}
+    dtypes = ["f16", "bf16", "f32", "f64"]
+    policies = ["robust", "max_scale", "promote", "naive"]
+    sizes = sorted({int(n.split("/")[3]) for n in native if n.count("/") == 3 and not n.startswith("group")})
+    big = [n for n in sizes if n >= 16 << 20]
+
+    def t(runs, op, policy, dtype, n):
+        return runs.get(f"{op}/{policy}/{dtype}/{n}", (None, None))[0]
+
+    def gbs(op, policy, dtype, n, runs=native):
+        time = t(runs, op, policy, dtype, n)
+        size = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}[dtype] * n
+        return size / time / 1e9 if time else None
+
+    def roofline(op, dtype, n, runs=native, group=False):
+        read = t(runs, "group_read" if group else "read", "-", dtype, n)
+        if op.endswith("clip_binds"):
+            rewrite = t(runs, "rewrite", "-", dtype, n if not group else n)
+            if group:  # no group rewrite baseline: the single-buffer rewrite of the same bytes
+                rewrite = t(runs, "rewrite", "-", dtype, 16 << 20) and t(runs, "rewrite", "-", dtype, 16 << 20) * n / (16 << 20)
+            return read + rewrite if read and rewrite else None
+        return read
+
+    def fmt(x, digits=2):
+        return "–" if x is None else f"{x:.{digits}f}"
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    lines = [f"# gradclip benchmarks", ""]
+    lines.append(
+        f"Machine: {context.get('host_name', '?')}, {context.get('num_cpus', '?')} CPUs at "
+        f"{context.get('mhz_per_cpu', '?')} MHz; kernels: {context.get('gradclip_isa', '?')} "
+        f"({context.get('gradclip_build', '?')}); one thread; medians of the repetitions; "
+        f"roofline = a plain vectorized read (norm, clip that does not bind) or read + in-place rewrite "
+        f"(clip that binds) of the same bytes, measured in the same run. `x roofline` is roofline time / case time."
+    )
+    lines.append("")
+    lines.append("## Every policy, out-of-cache sizes")
+    lines.append("")
+    header = "| dtype | elements | op | policy | GB/s | x roofline | x naive Eigen |"
+    sep = "|---|---|---|---|---|---|---|"
+    if default:
+        header += " default flags / -march=native |"
+        sep += "---|"
+    lines += [header, sep]
+    for dtype in dtypes:
+        for n in big:
+            for op in ["norm", "clip_binds", "clip_nobind"]:
+                for policy in policies:
+                    time = t(native, op, policy, dtype, n)
+                    if time is None:
+                        continue
+                    eigen = t(native, "eigen_naive_clip" if op == "clip_binds" else "eigen_naive_norm", "-", dtype, n)
+                    row = (
+                        f"| {dtype} | {n >> 20} Mi | {op} | {policy} | {fmt(gbs(op, policy, dtype, n), 1)} | "
+                        f"{fmt(ratio(roofline(op, dtype, n), time))} | {fmt(ratio(eigen, time), 1)} |"
+                    )
+                    if default:
+                        row += f" {fmt(ratio(time, t(default, op, policy, dtype, n)))} |"
+                    lines.append(row)
+    lines.append("")
+
+    lines.append("## Baselines (GB/s of gradient bytes)")
+    lines.append("")
+    base_ops = ["read", "rewrite", "read_2threads", "eigen_norm", "eigen_stable_norm", "eigen_blue_norm",
+                "eigen_half_norm", "eigen_naive_norm", "eigen_naive_clip"]
+    lines.append("| dtype | elements | " + " | ".join(base_ops) + " |")
+    lines.append("|---|---|" + "---|" * len(base_ops))
+    for dtype in dtypes:
+        for n in sizes:
+            lines.append(f"| {dtype} | {n} | " + " | ".join(fmt(gbs(op, "-", dtype, n), 1) for op in base_ops) + " |")
+    lines.append("")
+
+    lines.append(f"## Groups: 256 tensors of 16 Ki elements")
+    lines.append("")
+    lines.append("| dtype | op | policy | GB/s | x roofline |")
+    lines.append("|---|---|---|---|---|")
+    group_n = 256 * 16 * 1024
+    for dtype in dtypes:
+        for op in ["group_norm", "group_clip_binds"]:
+            for policy in policies:
+                time = t(native, op, policy, dtype, group_n)
+                if time:
+                    lines.append(
+                        f"| {dtype} | {op} | {policy} | {fmt(gbs(op, policy, dtype, group_n), 1)} | "
+                        f"{fmt(ratio(roofline(op, dtype, group_n, group=True), time))} |"
+                    )
+    lines.append("")
+
+    # The issue's figures, from the largest size.
+    n = max(big) if big else max(sizes)
+    checks = []
+    for dtype in ["f16", "bf16", "f32"]:
+        checks.append((f"robust norm {dtype} x read roofline", ratio(roofline("norm", dtype, n), t(native, "norm", "robust", dtype, n)), ">=", 0.9))
+        checks.append((f"robust clip that binds {dtype} x (read + rewrite) roofline", ratio(roofline("clip_binds", dtype, n), t(native, "clip_binds", "robust", dtype, n)), ">=", 0.85))
+    for dtype in dtypes:
+        promote = t(native, "norm", "promote", dtype, n)
+        checks.append((f"max_scale / promote time, norm {dtype}", ratio(t(native, "norm", "max_scale", dtype, n), promote), "<=", 1.15))
+        checks.append((f"robust / promote time, norm {dtype}", ratio(t(native, "norm", "robust", dtype, n), promote), "<=", 1.1))
+    checks.append(("FP16 clip that binds: naive Eigen time / robust time", ratio(t(native, "eigen_naive_clip", "-", "f16", n), t(native, "clip_binds", "robust", "f16", n)), ">=", 20))
+    if default:
+        for op in ["norm", "clip_binds"]:
+            checks.append((f"FP16 robust {op}: default-flags speed / -march=native speed", ratio(t(native, op, "robust", "f16", n), t(default, op, "robust", "f16", n)), ">=", 0.7))
+    if torch:
+        for tensors, elements, mine in [(1, 64 << 20, "clip_binds"), (256, 16 << 10, "group_clip_binds")]:
+            key = f"libtorch_clip_grad_norm_<float32>/tensors:{tensors}/elements:{elements}"
+            ours = t(native, mine, "robust", "f32", tensors * elements)
+            if key in torch and ours:
+                checks.append((f"FP32 clip, {tensors} x {elements}: libtorch clip_grad_norm_ time / gradclip", torch[key][0] / ours, ">=", 1.3 if tensors == 1 else 3))
+        key = f"libtorch_cast_float<float16>/tensors:1/elements:{64 << 20}"
+        ours = t(native, "clip_binds", "robust", "f16", 64 << 20)
+        if key in torch and ours:
+            checks.append(("FP16 clip: libtorch cast-to-float time / gradclip", torch[key][0] / ours, ">=", 20))
+    lines.append(f"## The issue's figures ({n >> 20} Mi elements)")
+    lines.append("")
+    lines.append("| figure | measured | target | met |")
+    lines.append("|---|---|---|---|")
+    for label, value, op, target in checks:
+        met = value is not None and (value >= target if op == ">=" else value <= target)
+        lines.append(f"| {label} | {fmt(value)} | {op} {target} | {'yes' if met else 'no'} |")
+    lines.append("")
+
+    if torch:
+        lines.append("## libtorch (bench_torch, same machine, one thread)")
+        lines.append("")
+        lines.append("| case | ms | GB/s |")
+        lines.append("|---|---|---|")
+        for name, (time, bps) in sorted(torch.items()):
+            lines.append(f"| `{name}` | {time * 1e3:.2f} | {bps / 1e9:.1f} |")
+        lines.append("")
+
+    with open(args.markdown, "w") as f:
+        f.write("\n".join(lines))
+    print(f"wrote {args.markdown}")
+
+    plt = load_matplotlib()
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
+    series = [
+        ("norm", "robust", "robust norm", "-"),
+        ("norm", "max_scale", "max_scale norm", "-"),
+        ("norm", "promote", "promote norm", "-"),
+        ("clip_binds", "robust", "robust clip (binds)", "-"),
+        ("eigen_naive_norm", "-", "naive Eigen norm", ":"),
+        ("eigen_norm", "-", "Eigen norm()", ":"),
+        ("eigen_stable_norm", "-", "Eigen stableNorm()", ":"),
+    ]
+    for ax, dtype in zip(axes.flat, dtypes):
+        roof = [gbs("read", "-", dtype, n) for n in sizes]
+        ax.plot(sizes, roof, color="black", linewidth=2.5, label="roofline: plain read")
+        both = [size_bytes / (roofline("clip_binds", dtype, n)) / 1e9 if roofline("clip_binds", dtype, n) else None
+                for n, size_bytes in zip(sizes, [{"f16": 2, "bf16": 2, "f32": 4, "f64": 8}[dtype] * n for n in sizes])]
+        ax.plot(sizes, both, color="gray", linewidth=2.5, linestyle="--", label="roofline: read + rewrite")
+        for op, policy, label, style in series:
+            values = [gbs(op, policy, dtype, n) for n in sizes]
+            if any(values):
+                ax.plot(sizes, values, marker="o", markersize=3, linestyle=style, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(dtype)
+        ax.set_xlabel("elements")
+        ax.set_ylabel("GB/s of gradient")
+        ax.grid(True, which="both", alpha=0.3)
+    axes.flat[0].legend(fontsize="small")
+    fig.suptitle(f"gradclip throughput vs size ({context.get('gradclip_isa', '?')} kernels, one thread)")
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=100)
+    print(f"wrote {args.png}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("training", help="loss, clip fraction and loss scale of a training log")
+    p.add_argument("csv", help="CSV written by examples/mixed_precision_rnn")
+    p.add_argument("png", help="output image")
+    p.add_argument("--title", default="Mixed-precision Elman RNN: FP16 gradients, dynamic loss scaling, clipping")
+    p.set_defaults(run=training)
+
+    p = commands.add_parser("bench", help="ratio tables and throughput plot of bench_clip")
+    p.add_argument("native", help="bench_clip JSON of the -march=native build")
+    p.add_argument("markdown", help="output table (markdown)")
+    p.add_argument("png", help="output plot")
+    p.add_argument("--default", help="bench_clip JSON of the default-flags build")
+    p.add_argument("--torch", help="bench_torch JSON")
+    p.set_defaults(run=bench)
+
+    args = parser.parse_args()
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()
