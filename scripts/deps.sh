@@ -12,5 +12,9 @@ gradclip_install_missing() {
   fi
 }
 
-# What every build needs: compilers, CMake, Eigen, GoogleTest.
-GRADCLIP_BASE_PACKAGES=(g++ clang cmake make libeigen3-dev libgtest-dev)
+# What every build needs: compilers, CMake, Eigen, GoogleTest (the quick-start example needs no more).
+GRADCLIP_BASE_PACKAGES=(g++ cmake make libeigen3-dev libgtest-dev)
+# What the whole test suite needs besides: clang and clang-format; OpenMPI for the gradclip::mpi tests;
+# pkg-config for the pkg-config consumer test; libtorch for the libtorch adapter's test, example and
+# benchmark (built by the default preset only); clang's libFuzzer and sanitizer runtimes (tests/fuzz).
+GRADCLIP_TEST_PACKAGES=(clang clang-format libopenmpi-dev openmpi-bin pkg-config libtorch-dev libclang-rt-14-dev)

@@ -2,10 +2,15 @@
 // This umbrella header includes the whole core; mpi.hpp and torch.hpp are included separately.
 #pragma once
 
+#include <gradclip/adaptive_clip.hpp>
 #include <gradclip/clip.hpp>
+#include <gradclip/clip_stats.hpp>
 #include <gradclip/grad_view.hpp>
+#include <gradclip/group_clip.hpp>
+#include <gradclip/loss_scaler.hpp>
 #include <gradclip/norm.hpp>
 #include <gradclip/options.hpp>
+#include <gradclip/p_norm.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/policies.hpp>
 #include <gradclip/version.hpp>
