@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -89,6 +90,13 @@ double ulps(T got, quad exact) {
     spacing = std::ldexp(1.0, exponent - digits);
   }
   return static_cast<double>(quad_abs(to_quad(got) - exact) / static_cast<quad>(spacing));
+}
+
+/// True when both hold the same elements bit for bit (NaN payloads and the sign of zero included).
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  // Empty vectors may have null data(), which memcmp must not be given even for 0 bytes.
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 template <class T>

@@ -28,12 +28,6 @@ class ClipTyped : public ::testing::Test {};
 using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
 TYPED_TEST_SUITE(ClipTyped, ElementTypes);
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  // Empty vectors may have null data(), which memcmp must not be given even for 0 bytes.
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
-}
-
 // Every clipped element within max_ulps of the exact g * max_norm / ||g||, computed in binary128.
 template <class T>
 void expect_exact_projection(const std::vector<T>& original, const std::vector<T>& clipped, double max_norm,

@@ -21,11 +21,6 @@ using namespace gradclip_test;
 using gradclip::grad_view;
 using gradclip::on_nonfinite;
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 void expect_same_result(const gradclip::clip_result& got, const gradclip::clip_result& expected) {
   EXPECT_EQ(got.norm, expected.norm);
   EXPECT_EQ(got.coefficient, expected.coefficient);

@@ -65,12 +65,6 @@ class Guarantees : public ::testing::Test {};
 using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
 TYPED_TEST_SUITE(Guarantees, ElementTypes);
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  // Empty vectors may have null data(), which memcmp must not be given even for 0 bytes.
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
-}
-
 /// Allocations made by f.
 template <class F>
 long allocations_in(F&& f) {

@@ -31,11 +31,6 @@ class LossScalerTyped : public ::testing::Test {};
 using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
 TYPED_TEST_SUITE(LossScalerTyped, ElementTypes);
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 loss_scaler scaler_with(double init_scale, int growth_interval = 2000) {
   loss_scaler_config config;
   config.init_scale = init_scale;

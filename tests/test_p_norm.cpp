@@ -180,11 +180,6 @@ TEST(PNorm, SmallAndLargeOrders) {
   }
 }
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 TYPED_TEST(PNormTyped, ClippingIsTheExactProjection) {
   using T = TypeParam;
   std::mt19937_64 rng(seed);

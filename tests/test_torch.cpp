@@ -292,3 +292,60 @@ TEST(TorchAdapter, UnsupportedTensorsThrowBeforeAnythingIsModified) {
 }
 
 }  // namespace
+
+namespace {
+
+// The libtorch AGC equals gradclip::adaptive_clip on the same numbers in a row-major Eigen matrix
+// (PyTorch's [out, in] layout: one unit per row), bit for bit.
+TEST(TorchAdaptiveClip, MatchesTheEigenImplementationRowByRow) {
+  torch::manual_seed(5);
+  auto weight = torch::randn({8, 5}, torch::kFloat).requires_grad_(true);
+  auto grad = torch::randn({8, 5}, torch::kFloat) * torch::linspace(0.001, 1.0, 8, torch::kFloat).unsqueeze(1);
+  weight.mutable_grad() = grad.clone();
+  using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  RowMajor expected = Eigen::Map<const RowMajor>(grad.data_ptr<float>(), 8, 5);
+  const RowMajor w = Eigen::Map<const RowMajor>(weight.detach().data_ptr<float>(), 8, 5);
+  const auto eigen = gradclip::adaptive_clip(expected, w, 0.05);
+  const auto torch_result = gradclip::libtorch::adaptive_clip_(weight, 0.05);
+  EXPECT_EQ(torch_result.units, 8u);
+  EXPECT_EQ(torch_result.clipped, eigen.clipped);
+  EXPECT_GT(torch_result.clipped, 0u);
+  EXPECT_LT(torch_result.clipped, 8u);
+  EXPECT_EQ(torch_result.min_coefficient, eigen.min_coefficient);
+  const RowMajor got = Eigen::Map<const RowMajor>(weight.grad().data_ptr<float>(), 8, 5);
+  EXPECT_TRUE((got.array() == expected.array()).all());
+}
+
+TEST(TorchAdaptiveClip, NonContiguousGradientAndMixedDtypesAreClippedInPlace) {
+  torch::manual_seed(6);
+  auto weight = torch::randn({6, 4}, torch::kDouble).requires_grad_(true);
+  // A transposed BFloat16 gradient: clipped through a contiguous copy, written back into the caller's tensor.
+  auto storage = (torch::randn({4, 6}, torch::kFloat) * 10).to(torch::kBFloat16);
+  weight.mutable_grad() = storage.t();
+  ASSERT_FALSE(weight.grad().is_contiguous());
+  const auto expected_input = weight.grad().contiguous().clone();
+  const auto result = gradclip::libtorch::adaptive_clip_(weight, 0.01);
+  EXPECT_EQ(result.units, 6u);
+  EXPECT_EQ(result.clipped, 6u);
+  for (std::int64_t u = 0; u < 6; ++u) {
+    const double w_norm = weight.detach()[u].norm().item<double>();
+    const double g_norm = expected_input[u].to(torch::kDouble).norm().item<double>();
+    const double coefficient = 0.01 * std::max(w_norm, 1e-3) / g_norm;
+    for (std::int64_t i = 0; i < 4; ++i) {
+      const double exact = expected_input[u][i].item<double>() * coefficient;
+      EXPECT_NEAR(storage[i][u].item<double>(), exact, std::abs(exact) * 0x1p-8 + 1e-30) << "unit " << u;
+    }
+  }
+}
+
+TEST(TorchAdaptiveClip, ParametersWithoutGradientAndBadArguments) {
+  auto weight = torch::ones({3, 3}, torch::kFloat).requires_grad_(true);
+  EXPECT_EQ(gradclip::libtorch::adaptive_clip_(weight, 0.01).units, 0u);
+  weight.mutable_grad() = torch::ones({3, 3}, torch::kFloat);
+  EXPECT_THROW((void)gradclip::libtorch::adaptive_clip_(weight, -1.0), std::invalid_argument);
+  weight.mutable_grad() = torch::ones({3, 2}, torch::kFloat);
+  EXPECT_THROW((void)gradclip::libtorch::adaptive_clip_(weight, 0.01), std::invalid_argument);
+  EXPECT_TRUE(torch::equal(weight.grad(), torch::ones({3, 2}, torch::kFloat)));
+}
+
+}  // namespace

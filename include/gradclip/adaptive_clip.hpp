@@ -230,6 +230,15 @@ void apply_unit_factors(const unit_split<T>& split, const std::vector<std::pair<
   }
 }
 
+inline void check_adaptive_clip_arguments(const char* function, double clipping, double eps, on_nonfinite nonfinite) {
+  if (!(clipping >= 0) || !std::isfinite(clipping))
+    throw std::invalid_argument(std::string(function) + ": clipping must be finite and >= 0");
+  if (!(eps >= 0) || !std::isfinite(eps))
+    throw std::invalid_argument(std::string(function) + ": eps must be finite and >= 0");
+  if (nonfinite != on_nonfinite::skip && nonfinite != on_nonfinite::error && nonfinite != on_nonfinite::propagate)
+    throw std::invalid_argument(std::string(function) + ": nonfinite is not an on_nonfinite value");
+}
+
 template <class T, class U>
 adaptive_clip_result adaptive_clip_units(const char* function, const unit_split<T>& grad, const unit_split<U>& weights,
                                          double clipping, double eps, on_nonfinite nonfinite) {
@@ -312,12 +321,7 @@ template <class Grad, class Weights>
 adaptive_clip_result adaptive_clip(Grad&& grad, const Weights& weights, double clipping, double eps = 1e-3,
                                    on_nonfinite nonfinite = on_nonfinite::skip) {
   constexpr const char* function = "gradclip::adaptive_clip";
-  if (!(clipping >= 0) || !std::isfinite(clipping))
-    throw std::invalid_argument(std::string(function) + ": clipping must be finite and >= 0");
-  if (!(eps >= 0) || !std::isfinite(eps))
-    throw std::invalid_argument(std::string(function) + ": eps must be finite and >= 0");
-  if (nonfinite != on_nonfinite::skip && nonfinite != on_nonfinite::error && nonfinite != on_nonfinite::propagate)
-    throw std::invalid_argument(std::string(function) + ": nonfinite is not an on_nonfinite value");
+  detail::check_adaptive_clip_arguments(function, clipping, eps, nonfinite);
   return detail::adaptive_clip_units(function, detail::split_units(grad), detail::split_units(weights), clipping, eps,
                                      nonfinite);
 }

@@ -2,6 +2,7 @@
 // Not included by gradclip.hpp; include it where libtorch is available.
 #pragma once
 
+#include <gradclip/adaptive_clip.hpp>
 #include <gradclip/clip.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
@@ -10,6 +11,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <torch/types.h>
 
+#include <cmath>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -53,6 +55,36 @@ inline grad_view flat_view(const torch::Tensor& t) {
       return grad_view(t.data_ptr<float>(), n);
     default:
       return grad_view(t.data_ptr<double>(), n);
+  }
+}
+
+/// A contiguous tensor cut into AGC units as PyTorch lays weights out: slices along the first dimension
+/// ([out, in, kh, kw]: one unit per output), or one unit for a tensor with at most one dimension above 1.
+template <class T>
+gradclip::detail::unit_split<T> torch_units(const torch::Tensor& t) {
+  gradclip::detail::unit_split<T> split;
+  split.whole = {static_cast<T*>(t.data_ptr()), static_cast<std::size_t>(t.numel())};
+  for (const auto d : t.sizes()) split.shape.push_back(static_cast<std::ptrdiff_t>(d));
+  if (t.numel() != 0 && !gradclip::detail::is_vector_shape(split.shape)) {
+    split.units = static_cast<std::size_t>(t.size(0));
+    split.unit_size = static_cast<std::size_t>(t.numel() / t.size(0));
+    split.unit_stride = static_cast<std::ptrdiff_t>(split.unit_size);
+  }
+  return split;
+}
+
+/// Calls f(T*) with a null pointer of the tensor's element type, to dispatch on its dtype.
+template <class F>
+decltype(auto) with_element_type(const torch::Tensor& t, F&& f) {
+  switch (t.scalar_type()) {
+    case torch::kHalf:
+      return f(static_cast<Eigen::half*>(nullptr));
+    case torch::kBFloat16:
+      return f(static_cast<Eigen::bfloat16*>(nullptr));
+    case torch::kFloat:
+      return f(static_cast<float*>(nullptr));
+    default:
+      return f(static_cast<double*>(nullptr));
   }
 }
 
@@ -127,6 +159,41 @@ clip_result clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double
 template <class Policy = robust>
 clip_result clip_grads_(const std::vector<torch::Tensor>& grads, double max_norm, options opt = {}) {
   return detail::clip_defined<Policy>("gradclip::libtorch::clip_grads_", grads, false, max_norm, opt);
+}
+
+/// Adaptive gradient clipping (gradclip::adaptive_clip, Optax's semantics) of one parameter's .grad()
+/// against the parameter itself: each unit, a slice along the first dimension (a row of an [out, in]
+/// weight, an output channel of a convolution kernel), is clipped to clipping * max(||w_u||, eps). The
+/// gradient and the parameter may have different dtypes (Half, BFloat16, Float, Double; CPU, dense) but
+/// the same shape. A parameter without a gradient is left alone (units = 0). Non-contiguous tensors are
+/// read through contiguous copies; the gradient is written back in place.
+///
+///     for (auto& p : model->parameters()) (void)gradclip::libtorch::adaptive_clip_(p, 0.01);
+inline adaptive_clip_result adaptive_clip_(const torch::Tensor& parameter, double clipping, double eps = 1e-3,
+                                           on_nonfinite nonfinite = on_nonfinite::skip) {
+  constexpr const char* function = "gradclip::libtorch::adaptive_clip_";
+  if (!parameter.defined() || !parameter.grad().defined()) return {0, 0, 1.0, true};
+  const torch::Tensor& grad = parameter.grad();
+  detail::check_supported(function, grad, "the gradient");
+  detail::check_supported(function, parameter, "the parameter");
+  gradclip::detail::check_adaptive_clip_arguments(function, clipping, eps, nonfinite);
+  const torch::Tensor weights = parameter.detach().contiguous();
+  const bool in_place = grad.is_contiguous();
+  const torch::Tensor work = in_place ? grad : grad.contiguous();
+  const adaptive_clip_result result = detail::with_element_type(work, [&](auto* g) {
+    return detail::with_element_type(weights, [&](auto* w) {
+      using G = std::remove_pointer_t<decltype(g)>;
+      using W = std::remove_pointer_t<decltype(w)>;
+      return gradclip::detail::adaptive_clip_units(function, detail::torch_units<G>(work),
+                                                   detail::torch_units<const W>(weights), clipping, eps, nonfinite);
+    });
+  });
+  if (!in_place && result.clipped != 0) {
+    const at::NoGradGuard no_grad;
+    torch::Tensor target = grad;  // a handle to the caller's gradient
+    target.copy_(work);
+  }
+  return result;
 }
 
 }  // namespace gradclip::libtorch
