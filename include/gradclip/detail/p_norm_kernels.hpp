@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradclip/detail/element.hpp>
+#include <gradclip/detail/simd.hpp>
 #include <gradclip/partial_norm.hpp>
 
 #include <algorithm>
@@ -81,29 +82,17 @@ inline partial_norm as_partial_norm(const power_sum& s, double p) noexcept {
   return {e, r * r, true};
 }
 
-// The kernels keep their own block and lane constants (the same values as the L2 kernels') so that
-// they do not depend on how those are organised.
 namespace pnorm {
 
-// Elements per block: a block is re-read from L1 cache when it needs a second pass.
-inline constexpr std::size_t block_size = 1024;
-
-// Independent accumulators, so the compiler vectorizes without -ffast-math.
-template <class Acc>
-inline constexpr std::size_t lanes = 128 / sizeof(Acc);
+// The L2 kernels' block and lane structure: a block is re-read from L1 cache when it needs a second
+// pass, and independent accumulators let the compiler vectorize without -ffast-math.
+using detail::block_size;
+using portable::lanes;
+using portable::sum_lanes;
 
 // The type in which magnitudes are compared: exact for every element type.
 template <class T>
 using max_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-template <std::size_t L>
-inline double sum_lanes(const double (&acc)[L]) noexcept {
-  double partial[L];
-  std::copy(acc, acc + L, partial);
-  for (std::size_t width = L / 2; width > 0; width /= 2)
-    for (std::size_t j = 0; j < width; ++j) partial[j] += partial[j + width];
-  return partial[0];
-}
 
 /// max |x| over n elements in Acc (exact), NaN if any element is NaN.
 template <class Acc, class T>
