@@ -73,6 +73,14 @@ double epsilon_of() {
   return std::ldexp(1.0, 1 - std::numeric_limits<T>::digits);
 }
 
+/// The documented relative error bound of the robust policy's L2 norm of T elements (README). FP16 and BF16
+/// square exactly in FP32 and sum in chains of at most 8 squares (at most 7 FP32 additions, 7 * 2^-24 on
+/// the sum of squares, half that on its root), the rest in FP64: 4 * 2^-24. FP32 and FP64 sum in FP64.
+template <class T>
+constexpr double robust_norm_bound() {
+  return sizeof(T) == 2 ? 4 * 0x1p-24 : 1e-12;
+}
+
 /// The distance from got to exact in units in the last place of T at exact.
 template <class T>
 double ulps(T got, quad exact) {

@@ -49,7 +49,7 @@ void expect_clip_is_projection(std::vector<T> g, double max_norm) {
   EXPECT_TRUE(result.finite);
   EXPECT_TRUE(result.clipped);
   const double norm_error_in_ulps =
-      std::is_same_v<Policy, max_scale> && !std::is_same_v<T, double> ? 64 * 0x1p-24 / epsilon_of<T>() : 0.0;
+      std::is_same_v<Policy, max_scale> && !std::is_same_v<T, double> ? 8 * 0x1p-24 / epsilon_of<T>() : 0.0;
   expect_exact_projection(original, g, max_norm, 1.0 + norm_error_in_ulps);
 }
 

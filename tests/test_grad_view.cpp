@@ -92,12 +92,18 @@ TYPED_TEST(FrontEndTyped, StridedBlocksRowsAndInnerStridesTouchOnlyTheirElements
   const auto v = values<T>(2000 * 3, 4);
   Matrix m = Eigen::Map<const Matrix>(v.data(), 2000, 3);
   const Matrix original = m;
-  auto check_block = [&](auto&& block) {
+  auto check_block = [&](auto&& block, bool one_run) {
     std::vector<T> elements;
     for (Eigen::Index j = 0; j < block.cols(); ++j)
       for (Eigen::Index i = 0; i < block.rows(); ++i) elements.push_back(block(i, j));
-    // Equal up to the order of the FP64 additions, which follows the segments.
-    EXPECT_NEAR(gradclip::norm(block) / gradclip::norm(elements), 1.0, 1e-15);
+    // Summed by segment (gathered in runs of up to 1 024), so in another order than the contiguous copy:
+    // both within the bound of the exact norm. One gathered run is the copy's order: the same bits.
+    const quad exact = exact_norm(elements);
+    EXPECT_LE(relative_error(gradclip::norm(block), exact), robust_norm_bound<T>());
+    EXPECT_LE(relative_error(gradclip::norm(elements), exact), robust_norm_bound<T>());
+    if (one_run) {
+      EXPECT_EQ(gradclip::norm(block), gradclip::norm(elements));
+    }
     auto expected = elements;
     (void)gradclip::clip_by_norm(expected, 0.125);
     (void)gradclip::clip_by_norm(block, 0.125);
@@ -105,11 +111,11 @@ TYPED_TEST(FrontEndTyped, StridedBlocksRowsAndInnerStridesTouchOnlyTheirElements
     for (Eigen::Index j = 0; j < block.cols(); ++j)
       for (Eigen::Index i = 0; i < block.rows(); ++i, ++k) ASSERT_LE(ulps(block(i, j), to_quad(expected[k])), 1.0);
   };
-  check_block(m.block(10, 1, 1500, 2));  // segments with an outer stride
-  check_block(m.row(7));                 // inner stride 2000
+  check_block(m.block(10, 1, 1500, 2), false);  // segments with an outer stride
+  check_block(m.row(7), true);                  // inner stride 2000
   Eigen::Map<Matrix, 0, Eigen::Stride<Eigen::Dynamic, 2>> every_other(m.data(), 500, 3,
                                                                       Eigen::Stride<Eigen::Dynamic, 2>(2000, 2));
-  check_block(every_other);  // inner stride 2 and outer stride 2000, more than one gather block
+  check_block(every_other, false);  // inner stride 2 and outer stride 2000, more than one gather block
   // Elements outside the blocks are untouched.
   for (auto [i, j] : {std::pair{1, 0}, std::pair{1999, 0}, std::pair{9, 1}, std::pair{1511, 2}})
     EXPECT_EQ(static_cast<double>(m(i, j)), static_cast<double>(original(i, j)));
@@ -124,13 +130,14 @@ TYPED_TEST(FrontEndTyped, GlobalNormEqualsTheNormOfTheConcatenation) {
     all.insert(all.end(), group.back().begin(), group.back().end());
   }
   const quad exact = exact_norm(all);
-  EXPECT_LE(relative_error(gradclip::global_norm(group), exact), 1e-12);
+  EXPECT_LE(relative_error(gradclip::global_norm(group), exact), robust_norm_bound<T>());
   EXPECT_LE(relative_error(gradclip::global_norm<gradclip::max_scale>(group), exact), 1e-5);
   auto clipped_all = all;
   const auto single = gradclip::clip_by_norm(clipped_all, 1.0);
   const auto global = gradclip::clip_by_global_norm(group, 1.0);
   EXPECT_EQ(global.clipped, single.clipped);
-  EXPECT_NEAR(global.coefficient, single.coefficient, single.coefficient * 1e-14);
+  // Members and the concatenation are summed in different chains and blocks: each norm within the bound.
+  EXPECT_NEAR(global.coefficient, single.coefficient, single.coefficient * 2 * robust_norm_bound<T>());
   std::size_t k = 0;
   for (const auto& g : group)
     for (const T& x : g) {

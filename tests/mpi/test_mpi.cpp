@@ -188,7 +188,7 @@ TYPED_TEST(MpiTyped, RandomShardsMatchTheSingleProcessClip) {
     auto mine = group.local(rank_of());
     const double distributed = gradclip::mpi::global_norm(MPI_COMM_WORLD, mine);
     const auto all = group.concatenation();
-    EXPECT_LE(relative_error(distributed, exact_norm(all)), 1e-13);
+    EXPECT_LE(relative_error(distributed, exact_norm(all)), robust_norm_bound<T>());
   }
 }
 
@@ -321,7 +321,8 @@ TEST(Mpi, MixedElementTypesOnEveryRank) {
   for (auto b : bias) local_squares += static_cast<double>(b) * static_cast<double>(b);
   double squares = 0;
   MPI_Allreduce(&local_squares, &squares, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  EXPECT_NEAR(norm, std::sqrt(squares), 1e-12 * norm);
+  // A group with FP16 members has their bound (the FP64 reference's own rounding is far below it).
+  EXPECT_NEAR(norm, std::sqrt(squares), robust_norm_bound<Eigen::half>() * norm);
   const auto result = gradclip::mpi::clip_by_global_norm(MPI_COMM_WORLD, mine, norm / 2);
   EXPECT_TRUE(same_on_every_rank(result));
   EXPECT_NEAR(gradclip::mpi::global_norm(MPI_COMM_WORLD, mine), norm / 2, 1e-3 * norm);

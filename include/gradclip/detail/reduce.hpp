@@ -41,19 +41,19 @@ inline constexpr bool fits_without_scaling = std::numeric_limits<Acc>::max_expon
 /// divided by a power of two near its maximum.
 template <class Acc, class T>
 inline partial_norm rescaled_block(const T* block, std::size_t m) noexcept {
-  Acc sum, max;
-  portable::sum_squares_and_max<Acc>(block, m, sum, max);
+  Acc max = 0;
+  const double sum = portable::sum_squares<Acc>(block, m, Acc(1), &max);
   if (std::isnan(sum) || std::isinf(max)) return nonfinite_part(sum);
   if (max == Acc(0)) return {};
   const int e = std::ilogb(max) + 1;  // max * 2^-e lies in [0.5, 1)
   // 2^-e in two factors, each a normal number of Acc (2^-e alone may not be representable).
   const Acc first = std::ldexp(Acc(1), -e / 2);
   const Acc second = std::ldexp(Acc(1), -e - (-e / 2));
-  if (first == Acc(1)) return {e, static_cast<double>(portable::sum_squares<Acc>(block, m, second)), true};
+  if (first == Acc(1)) return {e, portable::sum_squares<Acc>(block, m, second), true};
   // Apply the first factor through a small buffer so the kernel still takes one scale.
   Acc buffer[block_size];
   for (std::size_t i = 0; i < m; ++i) buffer[i] = widen<Acc>(block[i]) * first;
-  return {e, static_cast<double>(portable::sum_squares<Acc>(buffer, m, second)), true};
+  return {e, portable::sum_squares<Acc>(buffer, m, second), true};
 }
 
 /// A total of unscaled block sums as a partial_norm (not finite once a block sum overflowed or saw NaN).
@@ -127,11 +127,16 @@ struct reduce_kernel<max_scale> {
   }
 };
 
+// FP32 squares of FP16 and BF16 elements are exact, so robust keeps them in FP32 chains (carried into
+// FP64, see portable::chain) at promote's speed; FP32 and FP64 elements square and sum in FP64.
+template <class T>
+using robust_t = std::conditional_t<sizeof(T) == 2, float, double>;
+
 template <>
 struct reduce_kernel<robust> {
   template <class T>
   static partial_norm run(const T* p, std::size_t n) noexcept {
-    return scaled_sum_squares<double>(p, n);
+    return scaled_sum_squares<robust_t<T>>(p, n);
   }
 };
 
