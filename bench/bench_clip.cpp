@@ -25,11 +25,15 @@
 
 namespace {
 
-// ---- The roofline: the fastest this machine reads (and rewrites) the bytes, eight independent
-// accumulators of the widest vectors, chosen at run time like the library's kernels.
+// ---- The roofline: the fastest this machine reads (and rewrites) the bytes. Eight independent
+// accumulators of 256-bit and of 512-bit vectors, each measured: which load width streams faster
+// depends on the CPU (on the Zen 5 of docs/bench, 256-bit loads by 1.3x), and the roofline is the
+// faster of the two. The portable loop stands in where neither instruction set runs.
+
+enum class width { w256, w512 };
 
 #if GRADCLIP_BENCH_X86
-__attribute__((target("avx512f"))) std::uint64_t read_avx512(const unsigned char* p, std::size_t bytes) {
+__attribute__((target("avx512f"))) std::uint64_t read_512(const unsigned char* p, std::size_t bytes) {
   __m512i a[8];
   for (auto& x : a) x = _mm512_setzero_si512();
   std::size_t i = 0;
@@ -44,7 +48,7 @@ __attribute__((target("avx512f"))) std::uint64_t read_avx512(const unsigned char
   return sum;
 }
 
-__attribute__((target("avx512f"))) void rewrite_avx512(unsigned char* p, std::size_t bytes, std::uint64_t key) {
+__attribute__((target("avx512f"))) void rewrite_512(unsigned char* p, std::size_t bytes, std::uint64_t key) {
   const __m512i k = _mm512_set1_epi64(static_cast<long long>(key));
   std::size_t i = 0;
   for (; i + 128 <= bytes; i += 128) {
@@ -55,7 +59,7 @@ __attribute__((target("avx512f"))) void rewrite_avx512(unsigned char* p, std::si
   for (; i < bytes; ++i) p[i] = static_cast<unsigned char>(p[i] ^ key);
 }
 
-__attribute__((target("avx2"))) std::uint64_t read_avx2(const unsigned char* p, std::size_t bytes) {
+__attribute__((target("avx2"))) std::uint64_t read_256(const unsigned char* p, std::size_t bytes) {
   __m256i a[8];
   for (auto& x : a) x = _mm256_setzero_si256();
   std::size_t i = 0;
@@ -70,27 +74,39 @@ __attribute__((target("avx2"))) std::uint64_t read_avx2(const unsigned char* p, 
   return sum;
 }
 
-__attribute__((target("avx2"))) void rewrite_avx2(unsigned char* p, std::size_t bytes, std::uint64_t key) {
+__attribute__((target("avx2"))) void rewrite_256(unsigned char* p, std::size_t bytes, std::uint64_t key) {
   const __m256i k = _mm256_set1_epi64x(static_cast<long long>(key));
   std::size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
+  for (; i + 128 <= bytes; i += 128) {
     auto* q = reinterpret_cast<__m256i*>(p + i);
     const __m256i x0 = _mm256_loadu_si256(q), x1 = _mm256_loadu_si256(q + 1);
+    const __m256i x2 = _mm256_loadu_si256(q + 2), x3 = _mm256_loadu_si256(q + 3);
     _mm256_storeu_si256(q, _mm256_xor_si256(x0, k));
     _mm256_storeu_si256(q + 1, _mm256_xor_si256(x1, k));
+    _mm256_storeu_si256(q + 2, _mm256_xor_si256(x2, k));
+    _mm256_storeu_si256(q + 3, _mm256_xor_si256(x3, k));
   }
   for (; i < bytes; ++i) p[i] = static_cast<unsigned char>(p[i] ^ key);
 }
 #endif
 
-std::uint64_t read_bytes(const void* data, std::size_t bytes) {
+bool width_supported(width w) {
+#if GRADCLIP_BENCH_X86
+  return w == width::w512 ? __builtin_cpu_supports("avx512f") : __builtin_cpu_supports("avx2");
+#else
+  return w == width::w256;  // the portable loop, registered once
+#endif
+}
+
+const char* width_name(width w) { return w == width::w512 ? "512" : "256"; }
+
+std::uint64_t read_bytes(const void* data, std::size_t bytes, width w = width::w256) {
   const auto* p = static_cast<const unsigned char*>(data);
 #if GRADCLIP_BENCH_X86
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx512) return read_avx512(p, bytes);
-  if (avx2) return read_avx2(p, bytes);
-#endif
+  if (w == width::w512) return read_512(p, bytes);
+  return read_256(p, bytes);
+#else
+  static_cast<void>(w);
   std::uint64_t a[8] = {};
   std::size_t i = 0;
   for (; i + 64 <= bytes; i += 64)
@@ -103,18 +119,19 @@ std::uint64_t read_bytes(const void* data, std::size_t bytes) {
   for (auto x : a) sum += x;
   for (; i < bytes; ++i) sum += p[i];
   return sum;
+#endif
 }
 
 // XOR with a key the compiler cannot see (zero): a read and a write of every byte.
-void rewrite_bytes(void* data, std::size_t bytes, std::uint64_t key) {
+void rewrite_bytes(void* data, std::size_t bytes, std::uint64_t key, width w) {
   auto* p = static_cast<unsigned char*>(data);
 #if GRADCLIP_BENCH_X86
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx512) return rewrite_avx512(p, bytes, key);
-  if (avx2) return rewrite_avx2(p, bytes, key);
-#endif
+  if (w == width::w512) return rewrite_512(p, bytes, key);
+  return rewrite_256(p, bytes, key);
+#else
+  static_cast<void>(w);
   for (std::size_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(p[i] ^ key);
+#endif
 }
 
 // ---- Data: uniform in [-1, 1), the same for every case of an element type and size.
@@ -210,12 +227,32 @@ void gradclip_clip_nobind(benchmark::State& state, std::size_t n) {
   set_counters(state, n * sizeof(T), 1, 0);
 }
 
+// The threads overloads with two threads (each call starts its thread), against read_2threads.
+template <class T>
+void gradclip_norm_2threads(benchmark::State& state, std::size_t n) {
+  auto& b = buffers<T>::get(n);
+  for (auto _ : state) benchmark::DoNotOptimize(gradclip::norm(b.work.data(), n, gradclip::threads{2}));
+  set_counters(state, n * sizeof(T), 1, 0);
+}
+
+template <class T>
+void gradclip_clip_binds_2threads(benchmark::State& state, std::size_t n) {
+  auto& b = buffers<T>::get(n);
+  binding_loop(
+      state, gradclip::norm(b.work.data(), n),
+      [&](double max_norm) {
+        return gradclip::clip_by_norm(b.work.data(), n, max_norm, {}, gradclip::threads{2}).coefficient;
+      },
+      [&] { std::memcpy(b.work.data(), b.pristine.data(), n * sizeof(T)); });
+  set_counters(state, n * sizeof(T), 2, 1);
+}
+
 // ---- Baselines.
 
 template <class T>
-void baseline_read(benchmark::State& state, std::size_t n) {
+void baseline_read(benchmark::State& state, std::size_t n, width w) {
   auto& b = buffers<T>::get(n);
-  for (auto _ : state) benchmark::DoNotOptimize(read_bytes(b.work.data(), n * sizeof(T)));
+  for (auto _ : state) benchmark::DoNotOptimize(read_bytes(b.work.data(), n * sizeof(T), w));
   set_counters(state, n * sizeof(T), 1, 0);
 }
 
@@ -238,10 +275,10 @@ void baseline_read_2threads(benchmark::State& state, std::size_t n) {
 volatile std::uint64_t rewrite_key = 0;
 
 template <class T>
-void baseline_rewrite(benchmark::State& state, std::size_t n) {
+void baseline_rewrite(benchmark::State& state, std::size_t n, width w) {
   auto& b = buffers<T>::get(n);
   for (auto _ : state) {
-    rewrite_bytes(b.work.data(), n * sizeof(T), rewrite_key);
+    rewrite_bytes(b.work.data(), n * sizeof(T), rewrite_key, w);
     benchmark::ClobberMemory();
   }
   set_counters(state, n * sizeof(T), 1, 1);
@@ -326,10 +363,10 @@ struct group_buffers {
 };
 
 template <class T>
-void group_read(benchmark::State& state) {
+void group_read(benchmark::State& state, width w) {
   auto& g = group_buffers<T>::get();
   for (auto _ : state)
-    for (const auto& t : g.work) benchmark::DoNotOptimize(read_bytes(t.data(), group_tensor * sizeof(T)));
+    for (const auto& t : g.work) benchmark::DoNotOptimize(read_bytes(t.data(), group_tensor * sizeof(T), w));
   set_counters(state, group_count * group_tensor * sizeof(T), 1, 0);
 }
 
@@ -384,10 +421,19 @@ void register_type() {
   const char* d = dtype_name<T>();
   for (std::size_t n : sizes) {
     const std::size_t bytes = n * sizeof(T);
-    add(case_name("read", "-", d, n), bytes, [n](benchmark::State& s) { baseline_read<T>(s, n); });
-    add(case_name("rewrite", "-", d, n), bytes, [n](benchmark::State& s) { baseline_rewrite<T>(s, n); });
-    if (n == sizes[3])
+    for (width w : {width::w256, width::w512}) {
+      if (!width_supported(w)) continue;
+      add(case_name("read", width_name(w), d, n), bytes, [n, w](benchmark::State& s) { baseline_read<T>(s, n, w); });
+      add(case_name("rewrite", width_name(w), d, n), bytes,
+          [n, w](benchmark::State& s) { baseline_rewrite<T>(s, n, w); });
+    }
+    if (n >= sizes[2]) {
       add(case_name("read_2threads", "-", d, n), bytes, [n](benchmark::State& s) { baseline_read_2threads<T>(s, n); });
+      add(case_name("norm_2threads", "robust", d, n), bytes,
+          [n](benchmark::State& s) { gradclip_norm_2threads<T>(s, n); });
+      add(case_name("clip_binds_2threads", "robust", d, n), bytes,
+          [n](benchmark::State& s) { gradclip_clip_binds_2threads<T>(s, n); });
+    }
     register_policy<gradclip::robust, T>(n);
     register_policy<gradclip::max_scale, T>(n);
     register_policy<gradclip::promote, T>(n);
@@ -403,7 +449,9 @@ void register_type() {
     add(case_name("eigen_naive_clip", "-", d, n), bytes, [n](benchmark::State& s) { eigen_naive_clip<T>(s, n); });
   }
   const std::size_t n = group_count * group_tensor, bytes = n * sizeof(T);
-  add(case_name("group_read", "-", d, n), bytes, [](benchmark::State& s) { group_read<T>(s); });
+  for (width w : {width::w256, width::w512})
+    if (width_supported(w))
+      add(case_name("group_read", width_name(w), d, n), bytes, [w](benchmark::State& s) { group_read<T>(s, w); });
   add(case_name("group_norm", "robust", d, n), bytes, [](benchmark::State& s) { group_norm<gradclip::robust, T>(s); });
   add(case_name("group_norm", "max_scale", d, n), bytes,
       [](benchmark::State& s) { group_norm<gradclip::max_scale, T>(s); });

@@ -19,7 +19,8 @@ cmake --build --preset bench -j "$jobs" --target bench_torch 2>/dev/null || true
 
 out=docs/bench
 mkdir -p "$out"
-run=(--benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_out_format=json "$@")
+run=(--benchmark_repetitions=9 --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
+  --benchmark_out_format=json "$@")
 echo "== bench_clip, -march=native"
 build/bench/bench/bench_clip "${run[@]}" --benchmark_out="$out/native.json" >/dev/null
 echo "== bench_clip, default flags"

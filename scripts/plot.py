@@ -103,12 +103,18 @@ def bench(args):
         size = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}[dtype] * n
         return size / time / 1e9 if time else None
 
+    def fastest(runs, op, dtype, n):
+        """The faster of the 256- and 512-bit baselines (read, rewrite, group_read)."""
+        times = [x for x in (t(runs, op, w, dtype, n) for w in ("256", "512")) if x]
+        return min(times) if times else None
+
     def roofline(op, dtype, n, runs=native, group=False):
-        read = t(runs, "group_read" if group else "read", "-", dtype, n)
+        read = fastest(runs, "group_read" if group else "read", dtype, n)
         if op.endswith("clip_binds"):
-            rewrite = t(runs, "rewrite", "-", dtype, n if not group else n)
+            rewrite = fastest(runs, "rewrite", dtype, n)
             if group:  # no group rewrite baseline: the single-buffer rewrite of the same bytes
-                rewrite = t(runs, "rewrite", "-", dtype, 16 << 20) and t(runs, "rewrite", "-", dtype, 16 << 20) * n / (16 << 20)
+                single = fastest(runs, "rewrite", dtype, 16 << 20)
+                rewrite = single and single * n / (16 << 20)
             return read + rewrite if read and rewrite else None
         return read
 
@@ -123,8 +129,9 @@ def bench(args):
         f"Machine: {context.get('host_name', '?')}, {context.get('num_cpus', '?')} CPUs at "
         f"{context.get('mhz_per_cpu', '?')} MHz; kernels: {context.get('gradclip_isa', '?')} "
         f"({context.get('gradclip_build', '?')}); one thread; medians of the repetitions; "
-        f"roofline = a plain vectorized read (norm, clip that does not bind) or read + in-place rewrite "
-        f"(clip that binds) of the same bytes, measured in the same run. `x roofline` is roofline time / case time."
+        f"roofline = the faster of a 256-bit and a 512-bit plain vectorized read (norm, clip that does not bind), "
+        f"or that plus the faster in-place rewrite (clip that binds), of the same bytes, measured in the same run "
+        f"with the cases in random order. `x roofline` is roofline time / case time."
     )
     lines.append("")
     lines.append("## Every policy, out-of-cache sizes")
@@ -154,13 +161,14 @@ def bench(args):
 
     lines.append("## Baselines (GB/s of gradient bytes)")
     lines.append("")
-    base_ops = ["read", "rewrite", "read_2threads", "eigen_norm", "eigen_stable_norm", "eigen_blue_norm",
-                "eigen_half_norm", "eigen_naive_norm", "eigen_naive_clip"]
-    lines.append("| dtype | elements | " + " | ".join(base_ops) + " |")
+    base_ops = [("read", "256"), ("read", "512"), ("rewrite", "256"), ("rewrite", "512"), ("read_2threads", "-"),
+                ("eigen_norm", "-"), ("eigen_stable_norm", "-"), ("eigen_blue_norm", "-"), ("eigen_half_norm", "-"),
+                ("eigen_naive_norm", "-"), ("eigen_naive_clip", "-")]
+    lines.append("| dtype | elements | " + " | ".join(op if w == "-" else f"{op} {w}-bit" for op, w in base_ops) + " |")
     lines.append("|---|---|" + "---|" * len(base_ops))
     for dtype in dtypes:
         for n in sizes:
-            lines.append(f"| {dtype} | {n} | " + " | ".join(fmt(gbs(op, "-", dtype, n), 1) for op in base_ops) + " |")
+            lines.append(f"| {dtype} | {n} | " + " | ".join(fmt(gbs(op, w, dtype, n), 1) for op, w in base_ops) + " |")
     lines.append("")
 
     lines.append(f"## Groups: 256 tensors of 16 Ki elements")
@@ -177,6 +185,23 @@ def bench(args):
                         f"| {dtype} | {op} | {policy} | {fmt(gbs(op, policy, dtype, group_n), 1)} | "
                         f"{fmt(ratio(roofline(op, dtype, group_n, group=True), time))} |"
                     )
+    lines.append("")
+
+    lines.append("## Two threads (`gradclip::threads{2}`, robust)")
+    lines.append("")
+    lines.append("| dtype | elements | norm GB/s, 1 thread | 2 threads | speedup | read GB/s, 2 threads | clip that binds, speedup |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for dtype in dtypes:
+        for n in big:
+            one, two = t(native, "norm", "robust", dtype, n), t(native, "norm_2threads", "robust", dtype, n)
+            clip_one = t(native, "clip_binds", "robust", dtype, n)
+            clip_two = t(native, "clip_binds_2threads", "robust", dtype, n)
+            if two:
+                lines.append(
+                    f"| {dtype} | {n >> 20} Mi | {fmt(gbs('norm', 'robust', dtype, n), 1)} | "
+                    f"{fmt(gbs('norm_2threads', 'robust', dtype, n), 1)} | {fmt(ratio(one, two))} | "
+                    f"{fmt(gbs('read_2threads', '-', dtype, n), 1)} | {fmt(ratio(clip_one, clip_two))} |"
+                )
     lines.append("")
 
     # The issue's figures, from the largest size.
@@ -237,10 +262,12 @@ def bench(args):
         ("eigen_stable_norm", "-", "Eigen stableNorm()", ":"),
     ]
     for ax, dtype in zip(axes.flat, dtypes):
-        roof = [gbs("read", "-", dtype, n) for n in sizes]
+        size_bytes = [{"f16": 2, "bf16": 2, "f32": 4, "f64": 8}[dtype] * n for n in sizes]
+        roof = [b / roofline("norm", dtype, n) / 1e9 if roofline("norm", dtype, n) else None
+                for n, b in zip(sizes, size_bytes)]
         ax.plot(sizes, roof, color="black", linewidth=2.5, label="roofline: plain read")
-        both = [size_bytes / (roofline("clip_binds", dtype, n)) / 1e9 if roofline("clip_binds", dtype, n) else None
-                for n, size_bytes in zip(sizes, [{"f16": 2, "bf16": 2, "f32": 4, "f64": 8}[dtype] * n for n in sizes])]
+        both = [b / roofline("clip_binds", dtype, n) / 1e9 if roofline("clip_binds", dtype, n) else None
+                for n, b in zip(sizes, size_bytes)]
         ax.plot(sizes, both, color="gray", linewidth=2.5, linestyle="--", label="roofline: read + rewrite")
         for op, policy, label, style in series:
             values = [gbs(op, policy, dtype, n) for n in sizes]

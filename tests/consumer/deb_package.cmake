@@ -32,7 +32,8 @@ foreach(field_and_value "Package=libgradclip-dev" "Version=${VERSION}" "Architec
 endforeach()
 execute_process(COMMAND ${DPKG_DEB} --contents ${deb} OUTPUT_VARIABLE contents COMMAND_ERROR_IS_FATAL ANY)
 foreach(path usr/include/gradclip/gradclip.hpp usr/share/cmake/gradclip/gradclipConfig.cmake
-             usr/share/cmake/gradclip/gradclipConfigVersion.cmake usr/share/pkgconfig/gradclip.pc)
+             usr/share/cmake/gradclip/gradclipConfigVersion.cmake usr/share/pkgconfig/gradclip.pc
+             usr/share/doc/libgradclip-dev/copyright)
   string(FIND "${contents}" "./${path}" found)
   if(found EQUAL -1)
     message(FATAL_ERROR "${deb} lacks /${path}:\n${contents}")

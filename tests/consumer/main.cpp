@@ -7,5 +7,9 @@ int main() {
   std::vector<Eigen::half> grad{Eigen::half(300.0f)};
   const auto result = gradclip::clip_by_norm(grad, 1.0);
   std::printf("norm %g, clipped to %g\n", result.norm, static_cast<double>(grad[0]));
-  return static_cast<float>(grad[0]) == 1.0f ? 0 : 1;
+  // The threaded overloads need the package's Threads dependency (a 16 MiB gradient uses two threads).
+  std::vector<float> large(std::size_t{4} << 20, 1.0f);
+  const auto threaded = gradclip::clip_by_norm(large.data(), large.size(), 1.0, {}, gradclip::threads{2});
+  std::printf("threaded: norm %g\n", threaded.norm);
+  return static_cast<float>(grad[0]) == 1.0f && threaded.norm == 2048.0 ? 0 : 1;
 }
