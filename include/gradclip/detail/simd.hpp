@@ -201,6 +201,8 @@ struct f32 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
   }
   static vec add_square(vec acc, vec v) noexcept { return _mm256_add_ps(acc, _mm256_mul_ps(v, v)); }
+  static __m256d widen_low(vec v) noexcept { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
+  static __m256d widen_high(vec v) noexcept { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
   static vec mul(vec a, vec b) noexcept { return _mm256_mul_ps(a, b); }
   static vec abs(vec v) noexcept { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
   static vec max(vec a, vec b) noexcept { return _mm256_max_ps(a, b); }  // b where a is NaN
@@ -228,6 +230,7 @@ struct f64 {
   static void store(double* p, vec v) noexcept { _mm256_storeu_pd(p, v); }
   static void store(float* p, vec v) noexcept { _mm_storeu_ps(p, _mm256_cvtpd_ps(v)); }
   static vec add_square(vec acc, vec v) noexcept { return _mm256_add_pd(acc, _mm256_mul_pd(v, v)); }
+  static vec add(vec a, vec b) noexcept { return _mm256_add_pd(a, b); }
   static vec mul(vec a, vec b) noexcept { return _mm256_mul_pd(a, b); }
   static vec abs(vec v) noexcept { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), v); }
   static vec max(vec a, vec b) noexcept { return _mm256_max_pd(a, b); }
@@ -285,13 +288,18 @@ struct f32 {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_maskz_cvtepi32_epi16(0xffff, result));
   }
   static vec add_square(vec acc, vec v) noexcept { return _mm512_add_ps(acc, _mm512_mul_ps(v, v)); }
+  static __m512d widen_low(vec v) noexcept { return _mm512_maskz_cvtps_pd(0xff, _mm512_castps512_ps256(v)); }
+  static __m512d widen_high(vec v) noexcept {
+    return _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+  }
   static vec mul(vec a, vec b) noexcept { return _mm512_mul_ps(a, b); }
   static vec abs(vec v) noexcept { return _mm512_abs_ps(v); }
   static vec max(vec a, vec b) noexcept { return _mm512_maskz_max_ps(0xffff, a, b); }  // b where a is NaN
-  static float max_lane(vec v) noexcept {
-    float lanes[width];
-    _mm512_storeu_ps(lanes, v);
-    return *std::max_element(lanes, lanes + width);
+  static float max_lane(vec v) noexcept {  // the halves, then avx2::f32's shuffles
+    __m256 half = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
   }
 };
 
@@ -314,13 +322,14 @@ struct f64 {
   static void store(double* p, vec v) noexcept { _mm512_storeu_pd(p, v); }
   static void store(float* p, vec v) noexcept { _mm256_storeu_ps(p, _mm512_maskz_cvtpd_ps(0xff, v)); }
   static vec add_square(vec acc, vec v) noexcept { return _mm512_add_pd(acc, _mm512_mul_pd(v, v)); }
+  static vec add(vec a, vec b) noexcept { return _mm512_add_pd(a, b); }
   static vec mul(vec a, vec b) noexcept { return _mm512_mul_pd(a, b); }
   static vec abs(vec v) noexcept { return _mm512_abs_pd(v); }
   static vec max(vec a, vec b) noexcept { return _mm512_maskz_max_pd(0xff, a, b); }
-  static double max_lane(vec v) noexcept {
-    double lanes[width];
-    _mm512_storeu_pd(lanes, v);
-    return *std::max_element(lanes, lanes + width);
+  static double max_lane(vec v) noexcept {  // the halves, then avx2::f64's shuffles
+    const __m256d half = _mm256_max_pd(_mm512_castpd512_pd256(v), _mm512_maskz_extractf64x4_pd(0xf, v, 1));
+    const __m128d s = _mm_max_pd(_mm256_castpd256_pd128(half), _mm256_extractf128_pd(half, 1));
+    return _mm_cvtsd_f64(_mm_max_sd(s, _mm_unpackhi_pd(s, s)));
   }
 };
 
