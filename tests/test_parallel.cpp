@@ -30,11 +30,6 @@ std::size_t elements_for(unsigned grains) {
   return grains * gradclip::parallel_grain_bytes / sizeof(T) + 777;
 }
 
-template <class T>
-double norm_bound() {
-  return sizeof(T) == 2 ? 4 * 0x1p-24 : 1e-12;  // robust's documented bound (README)
-}
-
 TYPED_TEST(Parallel, NormMatchesTheExactNormOnEveryThreadCount) {
   using T = TypeParam;
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -43,7 +38,7 @@ TYPED_TEST(Parallel, NormMatchesTheExactNormOnEveryThreadCount) {
   const quad exact = exact_norm(g);
   for (unsigned count : {1u, 2u, 3u, 4u, 7u}) {
     const double got = gradclip::norm(g.data(), g.size(), threads{count});
-    EXPECT_LE(relative_error(got, exact), norm_bound<T>()) << count << " threads";
+    EXPECT_LE(relative_error(got, exact), robust_norm_bound<T>()) << count << " threads";
     // The same thread count gives the same bits, whatever the scheduling.
     EXPECT_EQ(gradclip::norm(g.data(), g.size(), threads{count}), got) << count << " threads";
   }
@@ -63,7 +58,7 @@ TYPED_TEST(Parallel, ClipScalesEveryElementOnceLikeOneThread) {
     auto threaded = original;
     const auto many = gradclip::clip_by_norm(threaded.data(), threaded.size(), max_norm, {}, threads{count});
     EXPECT_TRUE(many.clipped);
-    EXPECT_LE(std::abs(many.coefficient - one.coefficient), norm_bound<T>() * 2 * one.coefficient);
+    EXPECT_LE(std::abs(many.coefficient - one.coefficient), robust_norm_bound<T>() * 2 * one.coefficient);
     // Each element is the projection of its original within an ulp (a missed or doubled slice is off by 4x).
     const quad exact_coefficient = static_cast<quad>(max_norm) / exact_norm(original);
     double worst = 0;
@@ -133,7 +128,8 @@ TEST(Parallel, MixedGroupsWithStridedMembers) {
   const quad exact = quad_sqrt(sum);
 
   for (unsigned count : {1u, 2u, 4u}) {
-    EXPECT_LE(relative_error(gradclip::global_norm(group, threads{count}), exact), 4 * 0x1p-24) << count;
+    EXPECT_LE(relative_error(gradclip::global_norm(group, threads{count}), exact), robust_norm_bound<Eigen::half>())
+        << count;
     const auto part = gradclip::partial_global_norm(group, threads{count});
     EXPECT_EQ(part.norm(), gradclip::global_norm(group, threads{count}));
   }
@@ -146,10 +142,11 @@ TEST(Parallel, MixedGroupsWithStridedMembers) {
   ASSERT_TRUE(result.clipped);
   const quad c = static_cast<quad>(max_norm) / exact;
   // One rounding, plus the coefficient's error, which is the FP16 member's norm bound (README,
-  // "Policies"): 4 * 2^-24 relative is at most 4 * 2^(digits - 24) ulps of T.
+  // "Policies"): a relative error r is at most r * 2^digits ulps of T.
   const auto within = [](auto got, quad expected) {
     using T = decltype(got);
-    return ulps(got, expected) <= 1 + 4 * std::ldexp(1.0, std::numeric_limits<T>::digits - 24);
+    return ulps(got, expected) <=
+           1 + robust_norm_bound<Eigen::half>() * std::ldexp(1.0, std::numeric_limits<T>::digits);
   };
   for (Eigen::Index j = 0; j < matrix.cols(); ++j)
     for (Eigen::Index i = 0; i < matrix.rows(); ++i) {

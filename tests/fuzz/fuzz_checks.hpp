@@ -147,7 +147,7 @@ template <class Policy, class T>
 double norm_bound(const stats& s) {
   const bool fp64 = !s.any_narrow;
   if constexpr (std::is_same_v<Policy, gradclip::robust>) {
-    return s.any_16bit ? 4 * 0x1p-24 : 1e-12;
+    return s.any_16bit ? gradclip_test::robust_norm_bound<Eigen::half>() : gradclip_test::robust_norm_bound<double>();
   } else if constexpr (std::is_same_v<Policy, gradclip::max_scale>) {
     return fp64 ? 80 * 0x1p-53 : 8 * 0x1p-24;
   } else if constexpr (std::is_same_v<Policy, gradclip::promote>) {
@@ -522,7 +522,8 @@ void check_clip(const std::vector<part_base*>& parts, const stats& s, double pol
 template <class Policy>
 double projection_slack(const stats& s) {
   if constexpr (std::is_same_v<Policy, gradclip::robust>)
-    return s.any_16bit ? 4 * 0x1p-24 : (static_cast<double>(s.count) / 16 + 8) * 0x1p-53;
+    return s.any_16bit ? gradclip_test::robust_norm_bound<Eigen::half>()
+                       : (static_cast<double>(s.count) / 16 + 8) * 0x1p-53;
   else if constexpr (std::is_same_v<Policy, gradclip::max_scale>)
     return s.any_narrow ? 8 * 0x1p-24 : 80 * 0x1p-53;
   else
