@@ -106,8 +106,8 @@ namespace detail {
 // Clips a group by the norm `global` (its own, or one reduced across processes), which the caller
 // computes only after the arguments have been checked.
 template <class Policy, class Grads, class GlobalNorm>
-clip_result clip_group(Grads& grads, double max_norm, const options& opt, GlobalNorm&& global) {
-  constexpr const char* function = "gradclip::clip_by_global_norm";
+clip_result clip_group(Grads& grads, double max_norm, const options& opt, GlobalNorm&& global,
+                       const char* function = "gradclip::clip_by_global_norm") {
   check_clip_arguments(function, max_norm, opt);
   const clip_plan plan = plan_clip(function, global(), max_norm, opt);
   if (plan.result.clipped)

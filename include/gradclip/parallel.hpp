@@ -138,16 +138,12 @@ partial_norm partial_norm_of_group(const Grads& grads, threads t) {
 
 template <class Policy, class Grads>
 clip_result clip_group(const char* function, Grads& grads, double max_norm, const options& opt, threads t) {
-  check_clip_arguments(function, max_norm, opt);
   unsigned used = 1;
-  const std::vector<piece> pieces = split_group(grads, t.count, used);
-  if (used == 1) {
-    const clip_plan plan = plan_clip(function, partial_norm_of_group<Policy>(grads), max_norm, opt);
-    if (plan.result.clipped)
-      for (auto& g : grads)
-        visit_gradient(g, [&](const auto& view) { apply_coefficient<Policy>(view, plan.coefficient); });
-    return plan.result;
-  }
+  const std::vector<piece> pieces = split_group(grads, t.count, used);  // reads sizes only
+  if (used == 1)
+    return clip_group<Policy>(
+        grads, max_norm, opt, [&] { return partial_norm_of_group<Policy>(grads); }, function);
+  check_clip_arguments(function, max_norm, opt);
   const std::vector<std::size_t> bounds = balanced_runs(pieces, used);
   const clip_plan plan = plan_clip(function, parallel_partial_norm<Policy>(pieces, bounds), max_norm, opt);
   if (plan.result.clipped) parallel_apply<Policy>(pieces, bounds, plan.coefficient);

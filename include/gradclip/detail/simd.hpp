@@ -295,11 +295,8 @@ struct f32 {
   static vec mul(vec a, vec b) noexcept { return _mm512_mul_ps(a, b); }
   static vec abs(vec v) noexcept { return _mm512_abs_ps(v); }
   static vec max(vec a, vec b) noexcept { return _mm512_maskz_max_ps(0xffff, a, b); }  // b where a is NaN
-  static float max_lane(vec v) noexcept {  // the halves, then avx2::f32's shuffles
-    __m256 half = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_maskz_extractf32x8_ps(0xff, v, 1));
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+  static float max_lane(vec v) noexcept {  // the halves' maximum, then avx2's shuffles
+    return avx2::f32::max_lane(_mm256_max_ps(_mm512_castps512_ps256(v), _mm512_maskz_extractf32x8_ps(0xff, v, 1)));
   }
 };
 
@@ -326,10 +323,8 @@ struct f64 {
   static vec mul(vec a, vec b) noexcept { return _mm512_mul_pd(a, b); }
   static vec abs(vec v) noexcept { return _mm512_abs_pd(v); }
   static vec max(vec a, vec b) noexcept { return _mm512_maskz_max_pd(0xff, a, b); }
-  static double max_lane(vec v) noexcept {  // the halves, then avx2::f64's shuffles
-    const __m256d half = _mm256_max_pd(_mm512_castpd512_pd256(v), _mm512_maskz_extractf64x4_pd(0xf, v, 1));
-    const __m128d s = _mm_max_pd(_mm256_castpd256_pd128(half), _mm256_extractf128_pd(half, 1));
-    return _mm_cvtsd_f64(_mm_max_sd(s, _mm_unpackhi_pd(s, s)));
+  static double max_lane(vec v) noexcept {  // see f32::max_lane
+    return avx2::f64::max_lane(_mm256_max_pd(_mm512_castpd512_pd256(v), _mm512_maskz_extractf64x4_pd(0xf, v, 1)));
   }
 };
 
