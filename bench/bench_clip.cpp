@@ -9,9 +9,12 @@
 
 #include <Eigen/Core>
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -370,6 +373,16 @@ void group_read(benchmark::State& state, width w) {
   set_counters(state, group_count * group_tensor * sizeof(T), 1, 0);
 }
 
+template <class T>
+void group_rewrite(benchmark::State& state, width w) {
+  auto& g = group_buffers<T>::get();
+  for (auto _ : state) {
+    for (auto& t : g.work) rewrite_bytes(t.data(), group_tensor * sizeof(T), rewrite_key, w);
+    benchmark::ClobberMemory();
+  }
+  set_counters(state, group_count * group_tensor * sizeof(T), 1, 1);
+}
+
 template <class Policy, class T>
 void group_norm(benchmark::State& state) {
   auto& g = group_buffers<T>::get();
@@ -385,6 +398,142 @@ void group_clip_binds(benchmark::State& state) {
       [&](double max_norm) { return gradclip::clip_by_global_norm<Policy>(g.work, max_norm).coefficient; },
       [&] { g.work = g.pristine; });
   set_counters(state, group_count * group_tensor * sizeof(T), 2, 1);
+}
+
+// ---- Paired: the ratios measured inside one loop. Each iteration times the roofline (reads and,
+// for a clip, rewrites of both widths) and the three policies on the same buffer, in an order that
+// rotates, so drift of this shared machine (other tenants, clock speed) reaches every part alike. The
+// counters are ratios of the parts' total times: <policy>_x_roofline (roofline time / policy time) and
+// <policy>_per_promote (policy time / promote time).
+
+template <class F>
+double seconds(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+struct part {
+  std::string name;
+  std::function<void()> run;
+  double total = 0;
+};
+
+double total_of(const std::vector<part>& parts, const std::string& name) {
+  for (const auto& p : parts)
+    if (p.name == name) return p.total;
+  return 0;
+}
+
+// The faster width's total of a baseline ("read" or "rewrite").
+double fastest_total(const std::vector<part>& parts, const std::string& baseline) {
+  double best = 0;
+  for (width w : {width::w256, width::w512}) {
+    const double t = total_of(parts, baseline + "/" + width_name(w));
+    if (t > 0 && (best == 0 || t < best)) best = t;
+  }
+  return best;
+}
+
+// Runs every part once per iteration, in an order that rotates; `prepare` runs first, untimed.
+template <class Prepare>
+void run_parts(benchmark::State& state, std::vector<part>& parts, Prepare&& prepare) {
+  std::size_t turn = 0;
+  for (auto _ : state) {
+    prepare();
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      part& p = parts[(turn + k) % parts.size()];
+      p.total += seconds(p.run);
+    }
+    ++turn;
+  }
+}
+
+void report_parts(benchmark::State& state, const std::vector<part>& parts, bool binds) {
+  const double roofline = fastest_total(parts, "read") + (binds ? fastest_total(parts, "rewrite") : 0.0);
+  const double promote = total_of(parts, "promote");
+  for (const std::string policy : {"robust", "max_scale", "promote"}) {
+    const double t = total_of(parts, policy);
+    state.counters[policy + "_x_roofline"] = roofline / t;
+    if (policy != "promote") state.counters[policy + "_per_promote"] = t / promote;
+  }
+}
+
+// The roofline parts: reads (and rewrites) of both widths of the buffers [first, last) of `bytes` each.
+template <class It>
+void add_roofline_parts(std::vector<part>& parts, It first, It last, std::size_t bytes, bool binds) {
+  for (width w : {width::w256, width::w512}) {
+    if (!width_supported(w)) continue;
+    parts.push_back({std::string("read/") + width_name(w), [=] {
+                       for (It b = first; b != last; ++b) benchmark::DoNotOptimize(read_bytes(*b, bytes, w));
+                     }});
+    if (binds)
+      parts.push_back({std::string("rewrite/") + width_name(w), [=] {
+                         for (It b = first; b != last; ++b) rewrite_bytes(*b, bytes, rewrite_key, w);
+                         benchmark::ClobberMemory();
+                       }});
+  }
+}
+
+// The policies' parts: norm(g) or, when binds, clip(g, max_norm) with max_norm shrinking 0.1% a call.
+template <class Norm, class Clip>
+void add_policy_parts(std::vector<part>& parts, bool binds, double& max_norm, Norm&& norm, Clip&& clip) {
+  const auto add_one = [&](auto policy) {
+    using Policy = decltype(policy);
+    if (binds)
+      parts.push_back({policy_name<Policy>(), [=, &max_norm] {
+                         max_norm *= 0.999;
+                         benchmark::DoNotOptimize(clip(Policy{}, max_norm));
+                       }});
+    else
+      parts.push_back({policy_name<Policy>(), [=] { benchmark::DoNotOptimize(norm(Policy{})); }});
+  };
+  add_one(gradclip::robust{});
+  add_one(gradclip::max_scale{});
+  add_one(gradclip::promote{});
+}
+
+template <class T>
+void paired(benchmark::State& state, std::size_t n, bool binds) {
+  auto& b = buffers<T>::get(n);
+  T* data = b.work.data();
+  const double norm = gradclip::norm(data, n);
+  double max_norm = norm;
+  std::vector<part> parts;
+  void* buffer[] = {data};
+  add_roofline_parts(parts, std::begin(buffer), std::end(buffer), n * sizeof(T), binds);
+  add_policy_parts(
+      parts, binds, max_norm,
+      [=](auto policy) { return gradclip::norm<decltype(policy)>(data, n); },
+      [=](auto policy, double m) { return gradclip::clip_by_norm<decltype(policy)>(data, n, m).coefficient; });
+  run_parts(state, parts, [&] {
+    if (binds && max_norm < 0.5 * norm) {  // the clips shrank the buffer: restore it
+      std::memcpy(data, b.pristine.data(), n * sizeof(T));
+      max_norm = norm;
+    }
+  });
+  report_parts(state, parts, binds);
+}
+
+template <class T>
+void paired_group(benchmark::State& state, bool binds) {
+  auto& g = group_buffers<T>::get();
+  const double norm = gradclip::global_norm(g.work);
+  double max_norm = norm;
+  std::vector<void*> tensors;
+  for (auto& t : g.work) tensors.push_back(t.data());
+  std::vector<part> parts;
+  add_roofline_parts(parts, tensors.begin(), tensors.end(), group_tensor * sizeof(T), binds);
+  add_policy_parts(
+      parts, binds, max_norm, [&](auto policy) { return gradclip::global_norm<decltype(policy)>(g.work); },
+      [&](auto policy, double m) { return gradclip::clip_by_global_norm<decltype(policy)>(g.work, m).coefficient; });
+  run_parts(state, parts, [&] {
+    if (binds && max_norm < 0.5 * norm) {
+      g.work = g.pristine;
+      max_norm = norm;
+    }
+  });
+  report_parts(state, parts, binds);
 }
 
 // ---- Registration.
@@ -403,6 +552,15 @@ void tune(benchmark::internal::Benchmark* b, std::size_t bytes) {
 template <class F>
 void add(const std::string& name, std::size_t bytes, F&& f) {
   tune(benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(f)), bytes);
+}
+
+// Each iteration of a paired case runs every part: half a second gives a few pairs per repetition.
+template <class F>
+void add_paired(const std::string& name, F&& f) {
+  benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(f))
+      ->MinTime(0.5)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
 }
 
 template <class Policy, class T>
@@ -434,6 +592,11 @@ void register_type() {
       add(case_name("clip_binds_2threads", "robust", d, n), bytes,
           [n](benchmark::State& s) { gradclip_clip_binds_2threads<T>(s, n); });
     }
+    if (n >= sizes[2])
+      for (bool binds : {false, true})
+        add_paired(case_name("paired", binds ? "clip_binds" : "norm", d, n),
+                   [n, binds](benchmark::State& s) { paired<T>(s, n, binds); });
+
     register_policy<gradclip::robust, T>(n);
     register_policy<gradclip::max_scale, T>(n);
     register_policy<gradclip::promote, T>(n);
@@ -450,8 +613,11 @@ void register_type() {
   }
   const std::size_t n = group_count * group_tensor, bytes = n * sizeof(T);
   for (width w : {width::w256, width::w512})
-    if (width_supported(w))
+    if (width_supported(w)) {
       add(case_name("group_read", width_name(w), d, n), bytes, [w](benchmark::State& s) { group_read<T>(s, w); });
+      add(case_name("group_rewrite", width_name(w), d, n), bytes,
+          [w](benchmark::State& s) { group_rewrite<T>(s, w); });
+    }
   add(case_name("group_norm", "robust", d, n), bytes, [](benchmark::State& s) { group_norm<gradclip::robust, T>(s); });
   add(case_name("group_norm", "max_scale", d, n), bytes,
       [](benchmark::State& s) { group_norm<gradclip::max_scale, T>(s); });
@@ -461,6 +627,9 @@ void register_type() {
       [](benchmark::State& s) { group_clip_binds<gradclip::robust, T>(s); });
   add(case_name("group_clip_binds", "promote", d, n), bytes,
       [](benchmark::State& s) { group_clip_binds<gradclip::promote, T>(s); });
+  for (bool binds : {false, true})
+    add_paired(case_name("paired", binds ? "group_clip_binds" : "group_norm", d, n),
+               [binds](benchmark::State& s) { paired_group<T>(s, binds); });
 }
 
 }  // namespace
