@@ -79,7 +79,8 @@ T largest_not_above(double limit) noexcept {
 ///
 /// When ||g|| <= max_norm the gradient is left bit-for-bit untouched and the coefficient is exactly 1.
 /// Non-finite norms follow opt.nonfinite (skip by default: untouched, `finite = false`). With the robust
-/// policy each clipped element is within one unit in the last place of the exact g * max_norm / ||g||.
+/// policy each clipped FP16, BF16 or FP32 element is within one unit in the last place of the exact
+/// g * max_norm / ||g||; an FP64 element within one ulp plus the FP64 norm's rounding error (README).
 /// Throws std::invalid_argument for a negative or NaN max_norm or a negative or non-finite epsilon.
 ///
 ///     auto result = gradclip::clip_by_norm(grad, 1.0);   // grad: Eigen::Tensor<Eigen::half, 2>, ...
