@@ -503,8 +503,7 @@ void paired(benchmark::State& state, std::size_t n, bool binds) {
   void* buffer[] = {data};
   add_roofline_parts(parts, std::begin(buffer), std::end(buffer), n * sizeof(T), binds);
   add_policy_parts(
-      parts, binds, max_norm,
-      [=](auto policy) { return gradclip::norm<decltype(policy)>(data, n); },
+      parts, binds, max_norm, [=](auto policy) { return gradclip::norm<decltype(policy)>(data, n); },
       [=](auto policy, double m) { return gradclip::clip_by_norm<decltype(policy)>(data, n, m).coefficient; });
   run_parts(state, parts, [&] {
     if (binds && max_norm < 0.5 * norm) {  // the clips shrank the buffer: restore it
@@ -615,8 +614,7 @@ void register_type() {
   for (width w : {width::w256, width::w512})
     if (width_supported(w)) {
       add(case_name("group_read", width_name(w), d, n), bytes, [w](benchmark::State& s) { group_read<T>(s, w); });
-      add(case_name("group_rewrite", width_name(w), d, n), bytes,
-          [w](benchmark::State& s) { group_rewrite<T>(s, w); });
+      add(case_name("group_rewrite", width_name(w), d, n), bytes, [w](benchmark::State& s) { group_rewrite<T>(s, w); });
     }
   add(case_name("group_norm", "robust", d, n), bytes, [](benchmark::State& s) { group_norm<gradclip::robust, T>(s); });
   add(case_name("group_norm", "max_scale", d, n), bytes,

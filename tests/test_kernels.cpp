@@ -21,8 +21,8 @@ using gradclip::detail::isa;
 namespace portable = gradclip::detail::portable;
 
 constexpr std::uint64_t seed = 20261202;
-constexpr std::size_t lengths[] = {0,   1,   3,   7,   8,    15,   16,   17,   31,   32,   33,  63,  64,
-                                   65,  127, 129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025, 2047, 3001};
+constexpr std::size_t lengths[] = {0,   1,   3,   7,   8,   15,  16,  17,  31,   32,   33,   63,   64,  65,
+                                   127, 129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025, 2047, 3001};
 
 std::vector<isa> vector_isas() {
   std::vector<isa> result;
