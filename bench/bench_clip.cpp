@@ -9,12 +9,12 @@
 
 #include <Eigen/Core>
 
-#include <algorithm>
-#include <chrono>
+#include "paired.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <functional>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -406,24 +406,8 @@ void group_clip_binds(benchmark::State& state) {
 // counters are ratios of the parts' total times: <policy>_x_roofline (roofline time / policy time) and
 // <policy>_per_promote (policy time / promote time).
 
-template <class F>
-double seconds(F&& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-struct part {
-  std::string name;
-  std::function<void()> run;
-  double total = 0;
-};
-
-double total_of(const std::vector<part>& parts, const std::string& name) {
-  for (const auto& p : parts)
-    if (p.name == name) return p.total;
-  return 0;
-}
+using paired_timing::part;
+using paired_timing::total_of;
 
 // The faster width's total of a baseline ("read" or "rewrite").
 double fastest_total(const std::vector<part>& parts, const std::string& baseline) {
@@ -433,20 +417,6 @@ double fastest_total(const std::vector<part>& parts, const std::string& baseline
     if (t > 0 && (best == 0 || t < best)) best = t;
   }
   return best;
-}
-
-// Runs every part once per iteration, in an order that rotates; `prepare` runs first, untimed.
-template <class Prepare>
-void run_parts(benchmark::State& state, std::vector<part>& parts, Prepare&& prepare) {
-  std::size_t turn = 0;
-  for (auto _ : state) {
-    prepare();
-    for (std::size_t k = 0; k < parts.size(); ++k) {
-      part& p = parts[(turn + k) % parts.size()];
-      p.total += seconds(p.run);
-    }
-    ++turn;
-  }
 }
 
 void report_parts(benchmark::State& state, const std::vector<part>& parts, bool binds) {
@@ -505,7 +475,7 @@ void paired(benchmark::State& state, std::size_t n, bool binds) {
   add_policy_parts(
       parts, binds, max_norm, [=](auto policy) { return gradclip::norm<decltype(policy)>(data, n); },
       [=](auto policy, double m) { return gradclip::clip_by_norm<decltype(policy)>(data, n, m).coefficient; });
-  run_parts(state, parts, [&] {
+  paired_timing::run_parts(state, parts, [&] {
     if (binds && max_norm < 0.5 * norm) {  // the clips shrank the buffer: restore it
       std::memcpy(data, b.pristine.data(), n * sizeof(T));
       max_norm = norm;
@@ -526,7 +496,7 @@ void paired_group(benchmark::State& state, bool binds) {
   add_policy_parts(
       parts, binds, max_norm, [&](auto policy) { return gradclip::global_norm<decltype(policy)>(g.work); },
       [&](auto policy, double m) { return gradclip::clip_by_global_norm<decltype(policy)>(g.work, m).coefficient; });
-  run_parts(state, parts, [&] {
+  paired_timing::run_parts(state, parts, [&] {
     if (binds && max_norm < 0.5 * norm) {
       g.work = g.pristine;
       max_norm = norm;

@@ -11,11 +11,11 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
-#include <chrono>
+#include "paired.hpp"
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -97,39 +97,29 @@ void gradclip_libtorch(benchmark::State& state, layout shape, torch::Dtype type)
   });
 }
 
-double seconds_of(const std::function<void()>& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-/// libtorch's clip (clip_grad_norm_ for FP32, the cast-to-float code for FP16) and gradclip's, alternated
-/// on the same gradients inside one loop so that this shared machine's drift reaches both alike. The
-/// counter libtorch_per_gradclip is the ratio of their total times.
+/// libtorch's clip (clip_grad_norm_ for FP32, the cast-to-float code for FP16) and gradclip's, timed in
+/// pairs (paired.hpp) on the same gradients. The counter libtorch_per_gradclip is the ratio of their total
+/// times.
 void paired(benchmark::State& state, layout shape, torch::Dtype type) {
   const auto grads = random_grads(shape, type);
   const auto parameters = parameters_with(grads);
-  const double norm = global_norm(grads);
-  double max_norm = norm;
-  const std::function<void()> clips[2] = {
-      [&] {
-        max_norm *= 0.999;
-        if (type == torch::kFloat)
-          benchmark::DoNotOptimize(torch::nn::utils::clip_grad_norm_(parameters, max_norm));
-        else
-          benchmark::DoNotOptimize(cast_float_clip(grads, max_norm));
-      },
-      [&] {
-        max_norm *= 0.999;
-        benchmark::DoNotOptimize(gradclip::libtorch::clip_grad_norm_(parameters, max_norm));
-      }};
-  double total[2] = {0, 0};
-  std::size_t turn = 0;
-  for (auto _ : state) {
-    for (std::size_t k = 0; k < 2; ++k) total[(turn + k) % 2] += seconds_of(clips[(turn + k) % 2]);
-    ++turn;
-  }
-  state.counters["libtorch_per_gradclip"] = total[0] / total[1];
+  double max_norm = global_norm(grads);
+  std::vector<paired_timing::part> parts = {
+      {"libtorch",
+       [&] {
+         max_norm *= 0.999;
+         if (type == torch::kFloat)
+           benchmark::DoNotOptimize(torch::nn::utils::clip_grad_norm_(parameters, max_norm));
+         else
+           benchmark::DoNotOptimize(cast_float_clip(grads, max_norm));
+       }},
+      {"gradclip", [&] {
+         max_norm *= 0.999;
+         benchmark::DoNotOptimize(gradclip::libtorch::clip_grad_norm_(parameters, max_norm));
+       }}};
+  paired_timing::run_parts(state, parts, [] {});
+  state.counters["libtorch_per_gradclip"] =
+      paired_timing::total_of(parts, "libtorch") / paired_timing::total_of(parts, "gradclip");
   set_bytes(state, shape, type);
 }
 

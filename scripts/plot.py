@@ -228,6 +228,9 @@ def bench(args):
     def counter(table, name, key):
         return table.get(name, {}).get(key)
 
+    def figure(x):  # three digits below 10, so that a value shown as the target is not taken for it
+        return fmt(x, 3 if x is not None and x < 10 else 2)
+
     if paired:
         lines.append("## Paired: ratios measured inside one loop")
         lines.append("")
@@ -292,9 +295,6 @@ def bench(args):
     lines.append("")
     lines.append("| figure | paired | separate cases | target | met |")
     lines.append("|---|---|---|---|---|")
-    def figure(x):  # three digits below 10, so that a value shown as the target is not taken for it
-        return fmt(x, 3 if x is not None and x < 10 else 2)
-
     for label, pair, value, op, target in checks:
         judged = pair if pair is not None else value
         met = judged is not None and (judged >= target if op == ">=" else judged <= target)
