@@ -1,6 +1,7 @@
-// What a clipping call is told (options) and what it reports (clip_result, nonfinite_error).
+// What a clipping call is told (options, norm_type) and what it reports (clip_result, nonfinite_error).
 #pragma once
 
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -10,13 +11,36 @@ namespace gradclip {
 enum class on_nonfinite {
   skip,       ///< leave every gradient untouched and report `finite = false`; the caller skips the step
   error,      ///< throw gradclip::nonfinite_error; no gradient has been modified
-  propagate,  ///< PyTorch's default: multiply by min(1, max_norm / (norm + epsilon)) anyway
+  propagate,  ///< PyTorch's arithmetic: multiply by max_norm / (norm + epsilon) when that is below 1, or NaN
 };
 
+/// Which norm: ||g||_p = (sum |g_i|^p)^(1/p) for p > 0, max |g_i| for p = +inf (PyTorch's norm_type).
+/// Explicit, so that a plain number never becomes a norm by accident.
+class norm_type {
+ public:
+  constexpr explicit norm_type(double p) noexcept : p_(p) {}
+  constexpr double p() const noexcept { return p_; }
+  friend constexpr bool operator==(norm_type a, norm_type b) noexcept { return a.p_ == b.p_; }
+  friend constexpr bool operator!=(norm_type a, norm_type b) noexcept { return !(a == b); }
+
+ private:
+  double p_;
+};
+
+inline constexpr norm_type l1_norm{1.0};                                       ///< sum of magnitudes
+inline constexpr norm_type l2_norm{2.0};                                       ///< the default norm
+inline constexpr norm_type inf_norm{std::numeric_limits<double>::infinity()};  ///< max magnitude
+
+/// How every norm and clipping call runs. Aggregate: `{on_nonfinite::propagate, 1e-6}` is PyTorch's
+/// clip_grad_norm_, `{on_nonfinite::skip, 0.0, gradclip::inf_norm, 4}` the max norm on four threads.
 struct options {
   on_nonfinite nonfinite = on_nonfinite::skip;
-  /// Added to the norm in the denominator of the coefficient; 1e-6 reproduces PyTorch.
+  /// Added to the norm in the denominator of the coefficient: clip when max_norm / (norm + epsilon) < 1.
   double epsilon = 0.0;
+  /// The norm that is reported and compared with the threshold.
+  norm_type norm = l2_norm;
+  /// Threads the call may use, the caller's included (0 counts as 1).
+  unsigned threads = 1;
 };
 
 /// Thrown with on_nonfinite::error when the norm is not finite. Nothing has been modified.
@@ -30,10 +54,14 @@ struct nonfinite_error : std::runtime_error {
 
 /// What a clipping call did.
 struct [[nodiscard]] clip_result {
-  double norm;         ///< L2 norm before clipping (+inf when it exceeds double's range)
+  double norm;         ///< options::norm before clipping (+inf when it exceeds double's range)
   double coefficient;  ///< the factor applied to every element: exactly 1 when nothing was changed
   bool clipped;        ///< true when the gradients were multiplied by `coefficient`
   bool finite;         ///< false when the policy's norm was NaN or Inf
+  /// The threshold the norm was compared with (+inf when none applied).
+  double threshold = std::numeric_limits<double>::infinity();
+  /// True when a threshold controller decided to skip the step; the gradients are then untouched.
+  bool skip = false;
 };
 
 }  // namespace gradclip
