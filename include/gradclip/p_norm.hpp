@@ -20,22 +20,6 @@
 
 namespace gradclip {
 
-/// Which norm: ||g||_p = (sum |g_i|^p)^(1/p) for p > 0, max |g_i| for p = +inf (PyTorch's norm_type).
-/// The constructor is explicit so that a braced `{}` or a plain number never selects these overloads
-/// by accident: calls without a norm_type keep their L2 meaning.
-class norm_type {
- public:
-  constexpr explicit norm_type(double p) noexcept : p_(p) {}
-  constexpr double p() const noexcept { return p_; }
-
- private:
-  double p_;
-};
-
-inline constexpr norm_type l1_norm{1.0};                                       ///< sum of magnitudes
-inline constexpr norm_type l2_norm{2.0};                                       ///< the default norm
-inline constexpr norm_type inf_norm{std::numeric_limits<double>::infinity()};  ///< max magnitude
-
 namespace detail {
 
 inline void check_norm_type(const char* function, norm_type type) {
