@@ -230,11 +230,12 @@ void gradclip_clip_nobind(benchmark::State& state, std::size_t n) {
   set_counters(state, n * sizeof(T), 1, 0);
 }
 
-// The threads overloads with two threads (each call starts its thread), against read_2threads.
+// options::threads = 2 (the persistent pool's worker and the caller), against read_2threads.
+const gradclip::options two_threads{gradclip::on_nonfinite::skip, 0.0, gradclip::l2_norm, 2};
 template <class T>
 void gradclip_norm_2threads(benchmark::State& state, std::size_t n) {
   auto& b = buffers<T>::get(n);
-  for (auto _ : state) benchmark::DoNotOptimize(gradclip::norm(b.work.data(), n, gradclip::threads{2}));
+  for (auto _ : state) benchmark::DoNotOptimize(gradclip::norm(b.work.data(), n, two_threads));
   set_counters(state, n * sizeof(T), 1, 0);
 }
 
@@ -244,7 +245,7 @@ void gradclip_clip_binds_2threads(benchmark::State& state, std::size_t n) {
   binding_loop(
       state, gradclip::norm(b.work.data(), n),
       [&](double max_norm) {
-        return gradclip::clip_by_norm(b.work.data(), n, max_norm, {}, gradclip::threads{2}).coefficient;
+        return gradclip::clip_by_norm(b.work.data(), n, max_norm, two_threads).coefficient;
       },
       [&] { std::memcpy(b.work.data(), b.pristine.data(), n * sizeof(T)); });
   set_counters(state, n * sizeof(T), 2, 1);

@@ -121,9 +121,9 @@ template <class T>
 void three_passes(benchmark::State& state) {
   auto group = make_group<T>(static_cast<std::size_t>(state.range(0)));
   const double max_norm = gradclip::global_norm(group) * (1 - 1e-9);
-  const gradclip::detail::factor inverse_scale{1.0, 1};  // 1 / S with S = 1/2
+  const gradclip::detail::scaled inverse_scale{1.0, 1};  // 1 / S with S = 1/2
   for (auto _ : state) {
-    for (auto& g : group) gradclip::detail::scale_kernel<gradclip::robust>::run(g.data(), g.size(), inverse_scale);
+    for (auto& g : group) gradclip::detail::scale_run<gradclip::robust>(g.data(), g.size(), inverse_scale);
     const auto r = gradclip::clip_by_global_norm(group, max_norm);
     benchmark::DoNotOptimize(r);
     benchmark::ClobberMemory();

@@ -1,10 +1,13 @@
-// The clipping variants beside the L2 path they extend: p-norms (L1, L-infinity, general p), adaptive
-// clipping and per-group thresholds, with a plain read of the same bytes as the memory roofline.
+// The clipping variants beside the L2 path they extend: p-norms (L1, L-infinity, general p) timed
+// paired with the L2 norm of the same buffer, adaptive clipping and per-group thresholds, with a plain
+// read of the same bytes as the memory roofline.
 #include <gradclip/adaptive_clip.hpp>
 #include <gradclip/clip.hpp>
+#include <gradclip/detail/reduce.hpp>
 #include <gradclip/group_clip.hpp>
 #include <gradclip/norm.hpp>
-#include <gradclip/p_norm.hpp>
+
+#include "paired.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -14,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -47,26 +51,28 @@ void plain_read(benchmark::State& state) {
   set_bytes<T>(state, n);
 }
 
-// The existing L2 norm: the baseline every variant is compared to.
+// Every p-norm kernel and the robust L2 norm of one buffer, timed paired (bench/paired.hpp). Counters:
+// <norm>_per_l2, the norm's throughput as a fraction of the L2 norm's (the targets: L1 and inf >= 0.9,
+// p = 3 >= 0.5, p = 1.5 >= 0.2), and l2_GBps.
 template <class T>
-void l2_norm(benchmark::State& state) {
-  const auto g = random_values<T>(static_cast<std::size_t>(state.range(0)));
-  for (auto _ : state) benchmark::DoNotOptimize(gradclip::norm(g));
-  set_bytes<T>(state, g.size());
+void p_norm_ratios(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto g = random_values<T>(n);
+  const T* p = g.data();
+  const auto reduce = [p, n](double order) {
+    return [p, n, order] { benchmark::DoNotOptimize(gradclip::detail::reduce_run<gradclip::robust>(p, n, order).sum); };
+  };
+  std::vector<paired_timing::part> parts{{"l2", reduce(2.0)},
+                                         {"l1", reduce(1.0)},
+                                         {"inf", reduce(std::numeric_limits<double>::infinity())},
+                                         {"p3", reduce(3.0)},
+                                         {"p1.5", reduce(1.5)}};
+  paired_timing::run_parts(state, parts, [] {});
+  const double l2 = paired_timing::total_of(parts, "l2");
+  for (const auto& part : parts)
+    if (part.name != "l2") state.counters[part.name + "_per_l2"] = l2 / part.total;
+  state.counters["l2_GBps"] = static_cast<double>(state.iterations()) * static_cast<double>(n * sizeof(T)) / l2 / 1e9;
 }
-
-// p as a template argument in tenths (std::numeric_limits<int>::max() for inf) so names show it.
-template <class T, int TenthsOfP>
-void p_norm(benchmark::State& state) {
-  const auto g = random_values<T>(static_cast<std::size_t>(state.range(0)));
-  const double p =
-      TenthsOfP == std::numeric_limits<int>::max() ? std::numeric_limits<double>::infinity() : TenthsOfP / 10.0;
-  const gradclip::norm_type type{p};
-  for (auto _ : state) benchmark::DoNotOptimize(gradclip::norm(g, type));
-  set_bytes<T>(state, g.size());
-}
-
-constexpr int inf = std::numeric_limits<int>::max();
 
 // Clipping by one global norm of two tensors versus two groups with their own thresholds (neither
 // binds, so both cost the norm pass and the bookkeeping).
@@ -119,21 +125,16 @@ void l2_clip_two_reads(benchmark::State& state) {
 void sizes(benchmark::internal::Benchmark* b) { b->RangeMultiplier(64)->Range(1 << 14, 1 << 24); }
 void sides(benchmark::internal::Benchmark* b) { b->Arg(128)->Arg(1024)->Arg(4096); }
 
+// 128 Ki elements stay in cache, 64 Mi are far past it.
+void ratio_sizes(benchmark::internal::Benchmark* b) { b->Arg(1 << 17)->Arg(1 << 26)->Unit(benchmark::kMillisecond); }
+
+BENCHMARK(p_norm_ratios<Eigen::half>)->Apply(ratio_sizes);
+BENCHMARK(p_norm_ratios<Eigen::bfloat16>)->Apply(ratio_sizes);
+BENCHMARK(p_norm_ratios<float>)->Apply(ratio_sizes);
+BENCHMARK(p_norm_ratios<double>)->Apply(ratio_sizes);
 BENCHMARK(plain_read<float>)->Apply(sizes);
-BENCHMARK(l2_norm<float>)->Apply(sizes);
-BENCHMARK(p_norm<float, 20>)->Apply(sizes);
-BENCHMARK(p_norm<float, 10>)->Apply(sizes);
-BENCHMARK(p_norm<float, inf>)->Apply(sizes);
-BENCHMARK(p_norm<float, 30>)->Apply(sizes);
-BENCHMARK(p_norm<float, 5>)->Apply(sizes);
 BENCHMARK(plain_read<Eigen::half>)->Apply(sizes);
-BENCHMARK(l2_norm<Eigen::half>)->Apply(sizes);
-BENCHMARK(p_norm<Eigen::half, 10>)->Apply(sizes);
-BENCHMARK(p_norm<Eigen::half, inf>)->Apply(sizes);
 BENCHMARK(plain_read<double>)->Apply(sizes);
-BENCHMARK(l2_norm<double>)->Apply(sizes);
-BENCHMARK(p_norm<double, 10>)->Apply(sizes);
-BENCHMARK(p_norm<double, inf>)->Apply(sizes);
 BENCHMARK(one_global_norm<float>)->Apply(sizes);
 BENCHMARK(two_group_norms<float>)->Apply(sizes);
 BENCHMARK(l2_clip_two_reads<float>)->Apply(sides);

@@ -24,7 +24,6 @@
 #include <cstring>
 #include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -194,9 +193,7 @@ std::vector<log_row> train(bool robust, bool clip_update, int steps) {
       log.push_back({step, loss_sum / log_every, scaler.scale(), stats.clip_fraction(), stats.mean_norm(),
                      stats.max_norm(), stats.nonfinite_steps(), skipped});
       if (step % (4 * log_every) == 0) {
-        std::ostringstream line;
-        line << stats;
-        std::printf("  %-6s step %4d  %s\n", robust ? "robust" : "naive", step, line.str().c_str());
+        std::printf("  %-6s step %4d  %s\n", robust ? "robust" : "naive", step, stats.log_line().c_str());
       }
       stats.reset();
       loss_sum = 0;

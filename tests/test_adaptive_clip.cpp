@@ -1,7 +1,7 @@
 // adaptive_clip (AGC) against a direct binary128 implementation of Optax's formula.
 #include <gradclip/adaptive_clip.hpp>
 
-#include "reference.hpp"
+#include "element_types.hpp"
 
 #include <gtest/gtest.h>
 
@@ -22,8 +22,7 @@ using gradclip::on_nonfinite;
 
 template <class T>
 class AdaptiveClipTyped : public ::testing::Test {};
-using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
-TYPED_TEST_SUITE(AdaptiveClipTyped, ElementTypes);
+TYPED_TEST_SUITE(AdaptiveClipTyped, element_types);
 
 using quad_units = std::vector<std::vector<quad>>;
 

@@ -1,7 +1,7 @@
 // clip_by_norm and clip_by_value: semantics, non-finite handling, bad input, accuracy and properties.
 #include <gradclip/clip.hpp>
 
-#include "reference.hpp"
+#include "element_types.hpp"
 
 #include <gtest/gtest.h>
 
@@ -25,8 +25,7 @@ using gradclip::robust;
 
 template <class T>
 class ClipTyped : public ::testing::Test {};
-using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
-TYPED_TEST_SUITE(ClipTyped, ElementTypes);
+TYPED_TEST_SUITE(ClipTyped, element_types);
 
 // Every clipped element within max_ulps of the exact g * max_norm / ||g||, computed in binary128.
 template <class T>
@@ -151,6 +150,17 @@ TYPED_TEST(ClipTyped, NonFinitePropagateBehavesLikePyTorch) {
   result = gradclip::clip_by_norm(h, 1.0, {on_nonfinite::propagate});
   EXPECT_TRUE(std::isnan(result.coefficient));
   EXPECT_TRUE(std::isnan(static_cast<double>(h[0])));
+  // max_norm = inf never clips a finite gradient, but with an infinite norm inf / inf is NaN, as in
+  // PyTorch: the whole gradient becomes NaN.
+  std::vector<T> k{T(1), std::numeric_limits<T>::infinity()};
+  result = gradclip::clip_by_norm(k, std::numeric_limits<double>::infinity(), {on_nonfinite::propagate});
+  EXPECT_TRUE(std::isnan(result.coefficient));
+  EXPECT_TRUE(result.clipped);
+  EXPECT_TRUE(std::isnan(static_cast<double>(k[0])));
+  std::vector<T> finite{T(3), T(4)};
+  result = gradclip::clip_by_norm(finite, std::numeric_limits<double>::infinity(), {on_nonfinite::propagate});
+  EXPECT_FALSE(result.clipped);
+  EXPECT_EQ(static_cast<double>(finite[0]), 3.0);
 }
 
 TYPED_TEST(ClipTyped, ClipByValueClampsToTheLimitRoundedDown) {
@@ -277,6 +287,25 @@ TEST(Clip, EpsilonReproducesPyTorchsCoefficient) {
   const auto result = gradclip::clip_by_norm(g, 1.0, {on_nonfinite::skip, 1e-6});
   EXPECT_EQ(result.coefficient, 1.0 / (5.0 + 1e-6));
   EXPECT_EQ(g[0], 3.0 * (1.0 / (5.0 + 1e-6)));
+}
+
+// PyTorch's rule: clip when max_norm / (norm + epsilon) < 1, also when max_norm - epsilon < norm <= max_norm.
+TEST(Clip, EpsilonClipsJustBelowTheThresholdAsPyTorchDoes) {
+  const float shrink = 1.0f - 2e-7f;
+  std::vector<float> g{0.6f * shrink, 0.8f * shrink};
+  const quad norm = exact_norm(g);
+  ASSERT_LT(norm, quad(1));
+  ASSERT_GT(norm + quad(1e-6), quad(1));  // so PyTorch's coefficient is below 1
+  const auto original = g;
+  const auto result = gradclip::clip_by_norm(g, 1.0, {on_nonfinite::skip, 1e-6});
+  EXPECT_TRUE(result.clipped);
+  const quad c = quad(1) / (norm + quad(1e-6));
+  EXPECT_LE(relative_error(result.coefficient, c), 1e-15);
+  for (std::size_t i = 0; i < g.size(); ++i) EXPECT_LE(ulps(g[i], to_quad(original[i]) * c), 1.0);
+  // Without epsilon the same gradient is below the threshold and left alone.
+  auto same = original;
+  EXPECT_FALSE(gradclip::clip_by_norm(same, 1.0).clipped);
+  EXPECT_TRUE(same_bits(same, original));
 }
 
 TEST(Clip, BadArgumentsThrowInvalidArgumentNamingTheFunction) {

@@ -2,7 +2,7 @@
 // raw buffers, grad_view, and groups (global norms) including groups that mix element types.
 #include <gradclip/gradclip.hpp>
 
-#include "reference.hpp"
+#include "element_types.hpp"
 
 #include <gtest/gtest.h>
 
@@ -22,8 +22,7 @@ using namespace gradclip_test;
 
 template <class T>
 class FrontEndTyped : public ::testing::Test {};
-using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
-TYPED_TEST_SUITE(FrontEndTyped, ElementTypes);
+TYPED_TEST_SUITE(FrontEndTyped, element_types);
 
 template <class T>
 std::vector<T> values(std::size_t n, std::uint64_t salt) {

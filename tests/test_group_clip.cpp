@@ -1,5 +1,7 @@
 // clip_by_group_norms: each group clipped by its own threshold, equal to separate clip_by_global_norm calls.
+#include <gradclip/clip.hpp>
 #include <gradclip/group_clip.hpp>
+#include <gradclip/norm.hpp>
 
 #include "reference.hpp"
 
@@ -84,7 +86,7 @@ TEST(GroupClip, ThresholdRatioFixesTheRelativeScaleOfClippedGroups) {
 TEST(GroupClip, PNormGroupsEqualSeparatePNormCalls) {
   for (double p : {1.0, 3.0, std::numeric_limits<double>::infinity()}) {
     model together(seed), separate(seed);
-    const gradclip::norm_type type{p};
+    const gradclip::options type{gradclip::on_nonfinite::skip, 0.0, gradclip::norm_type{p}};
     const auto results = gradclip::clip_by_group_norms(
         {{"embeddings", together.embeddings(), 2.0}, {"rest", together.rest(), 0.01}}, type);
     auto embeddings = separate.embeddings();
@@ -127,7 +129,7 @@ TEST(GroupClip, BadThresholdsAndOrdersThrowNamingTheGroup) {
       EXPECT_EQ(std::string(e.what()).rfind("gradclip::clip_by_group_norms: group \"rest\":", 0), 0u) << e.what();
     }
   }
-  EXPECT_THROW((void)gradclip::clip_by_group_norms({{"rest", m.rest(), 1.0}}, gradclip::norm_type{0.0}),
+  EXPECT_THROW((void)gradclip::clip_by_group_norms({{"rest", m.rest(), 1.0}}, {on_nonfinite::skip, 0.0, gradclip::norm_type{0.0}}),
                std::invalid_argument);
   EXPECT_TRUE(same_bits(m.embedding, copy.embedding));
   EXPECT_TRUE(same_bits(m.w1, copy.w1));

@@ -234,3 +234,78 @@ TYPED_TEST(Kernels, MultiplyKeepsNanInfAndSubnormals) {
 }
 
 }  // namespace
+
+namespace {
+
+using gradclip_test::quad;
+using gradclip_test::to_quad;
+using gradclip_test::type_name;
+
+/// q rounded to T's precision and range, to nearest even, computed in binary128 (an independent
+/// reference for the division kernel).
+template <class T>
+double round_to(quad q) {
+  if (q == 0) return 0.0;
+  const bool negative = q < 0;
+  const quad a = negative ? -q : q;
+  const int digits = std::numeric_limits<T>::digits, emin = std::numeric_limits<T>::min_exponent - 1;
+  const quad overflow = quad(static_cast<double>(std::numeric_limits<T>::max())) +
+                        quad(std::ldexp(1.0, std::numeric_limits<T>::max_exponent - digits - 1));
+  if (a >= overflow) return negative ? -INFINITY : INFINITY;
+  int e = std::ilogb(static_cast<double>(a));
+  if (quad(std::ldexp(1.0, e)) > a) --e;
+  if (quad(std::ldexp(1.0, e + 1)) <= a) ++e;
+  e = std::max(e, emin);
+  const quad ulp = quad(std::ldexp(1.0, e - digits + 1));
+  const quad k = a / ulp;
+  auto whole = static_cast<std::int64_t>(k);  // floor: k >= 0 and below 2^(digits + 1)
+  const quad rest = k - quad(whole);
+  if (rest > quad(0.5) || (rest == quad(0.5) && whole % 2 != 0)) ++whole;
+  const double result = static_cast<double>(quad(whole) * ulp);
+  return negative ? -result : result;
+}
+
+}  // namespace
+
+TYPED_TEST(Kernels, DivideMatchesPortableBitForBitAndRoundsCorrectly) {
+  using T = TypeParam;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(1.0, 2.0);
+  std::uniform_int_distribution<int> e(-30, 30);
+  std::vector<T> data(3100);
+  for (auto& x : data) x = static_cast<T>(static_cast<float>(std::ldexp(u(rng), e(rng)) * (u(rng) < 1.5 ? -1 : 1)));
+  data[7] = std::numeric_limits<T>::denorm_min();
+  data[8] = std::numeric_limits<T>::max();
+  data[9] = std::numeric_limits<T>::quiet_NaN();
+  data[10] = -std::numeric_limits<T>::infinity();
+  // Divisors representable in T (where the quotient is documented as correctly rounded) and one that is not.
+  const std::vector<double> divisors{3.0, static_cast<double>(static_cast<T>(0.1f)),
+                                     static_cast<double>(static_cast<T>(1.7e-3f)),
+                                     static_cast<double>(static_cast<T>(777.0f)), 0.1};
+  for (double s : divisors)
+    for (std::size_t n : lengths)
+      for (std::size_t offset : {0, 1}) {
+        auto ref = data;
+        portable::divide(ref.data() + offset, n, s);
+        for (isa target : vector_isas()) {
+          SCOPED_TRACE(name_of(target) + " s=" + std::to_string(s) + " n=" + std::to_string(n));
+          auto got = data;
+          gradclip::detail::divide(target, got.data() + offset, n, s);
+          EXPECT_TRUE(gradclip_test::same_bits(got, ref));
+        }
+        if (s == 0.1) continue;
+        for (std::size_t i = offset; i < offset + n; ++i) {
+          const double x = static_cast<double>(data[i]);
+          if (!std::isfinite(x)) {  // NaN stays NaN, infinities keep their sign (s > 0)
+            if (std::isnan(x))
+              EXPECT_TRUE(is_nan(ref[i]));
+            else
+              EXPECT_EQ(static_cast<double>(ref[i]), x);
+            continue;
+          }
+          ASSERT_EQ(static_cast<double>(ref[i]), round_to<T>(to_quad(x) / to_quad(s)))
+              << type_name<T>() << " " << x << " / " << s;
+        }
+      }
+}

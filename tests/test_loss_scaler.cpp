@@ -1,8 +1,9 @@
 // loss_scaler: the state machine, the order unscale-check-clip, the fused path against unscale followed by
 // clip_by_global_norm and against binary128, non-power-of-two scales, single gradients and groups.
+#include <gradclip/clip.hpp>
 #include <gradclip/loss_scaler.hpp>
 
-#include "reference.hpp"
+#include "element_types.hpp"
 
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -28,8 +30,7 @@ using gradclip::on_nonfinite;
 
 template <class T>
 class LossScalerTyped : public ::testing::Test {};
-using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
-TYPED_TEST_SUITE(LossScalerTyped, ElementTypes);
+TYPED_TEST_SUITE(LossScalerTyped, element_types);
 
 loss_scaler scaler_with(double init_scale, int growth_interval = 2000) {
   loss_scaler_config config;
@@ -124,9 +125,85 @@ TEST(LossScaler, NonPowerOfTwoFactorsStayInBounds) {
   scaler.update(finite_step);
   EXPECT_EQ(scaler.scale(), 9.0);
   scaler.update(overflow_step);
-  EXPECT_DOUBLE_EQ(scaler.scale(), 2.7);
+  EXPECT_EQ(scaler.scale(), static_cast<double>(static_cast<float>(9.0 * 0.3)));
   for (int i = 0; i < 1000; ++i) scaler.update(finite_step);
   EXPECT_EQ(scaler.scale(), loss_scaler::largest_scale);
+}
+
+TEST(LossScaler, ScaleIsAlwaysAnFP32Number) {
+  loss_scaler_config config;
+  config.init_scale = 0.1;  // rounded to FP32 at once
+  config.growth_factor = 3.0;
+  config.growth_interval = 1;
+  loss_scaler scaler(config);
+  float expected = 0.1f;
+  EXPECT_EQ(scaler.scale(), static_cast<double>(expected));
+  for (int step = 0; step < 40; ++step) {  // 3^k leaves FP32's 24 bits after 16 steps
+    scaler.update(finite_step);
+    expected = static_cast<float>(static_cast<double>(expected) * 3.0);
+    ASSERT_EQ(scaler.scale(), static_cast<double>(expected)) << "step " << step;
+  }
+}
+
+TEST(LossScaler, CheckpointMidRunRestoresTheSameScales) {
+  loss_scaler_config config;
+  config.init_scale = 1000.0;
+  config.growth_factor = 1.7;
+  config.backoff_factor = 0.37;
+  config.growth_interval = 3;
+  loss_scaler original(config);
+  std::mt19937_64 rng(seed + 7);
+  std::vector<bool> overflow(300);
+  for (std::size_t i = 0; i < overflow.size(); ++i) overflow[i] = rng() % 5 == 0;
+  for (std::size_t i = 0; i < 150; ++i) original.update(overflow[i] ? overflow_step : finite_step);
+
+  std::stringstream saved;
+  saved << original;
+  loss_scaler restored;
+  saved >> restored;
+  ASSERT_FALSE(saved.fail()) << saved.str();
+  loss_scaler from_state_dict(original.state_dict());
+  for (std::size_t i = 150; i < overflow.size(); ++i) {
+    const clip_result step = overflow[i] ? overflow_step : finite_step;
+    original.update(step);
+    restored.update(step);
+    from_state_dict.update(step);
+    ASSERT_EQ(restored.scale(), original.scale()) << "step " << i;
+    ASSERT_EQ(restored.growth_tracker(), original.growth_tracker()) << "step " << i;
+    ASSERT_EQ(from_state_dict.scale(), original.scale()) << "step " << i;
+  }
+  const gradclip::loss_scaler_state state = original.state_dict();
+  EXPECT_EQ(state.growth_factor, 1.7);
+  EXPECT_EQ(state.backoff_factor, 0.37);
+  EXPECT_EQ(state.growth_interval, 3);
+  EXPECT_EQ(state.growth_tracker, original.growth_tracker());
+}
+
+TEST(LossScaler, MalformedOrInvalidStateLeavesTheScalerUnchanged) {
+  loss_scaler scaler = scaler_with(512.0);
+  std::stringstream bad_tracker("512 2 0.5 4 9");  // growth_tracker beyond growth_interval
+  bad_tracker >> scaler;
+  EXPECT_TRUE(bad_tracker.fail());
+  std::stringstream truncated("512 2");
+  truncated >> scaler;
+  EXPECT_TRUE(truncated.fail());
+  EXPECT_EQ(scaler.scale(), 512.0);
+  EXPECT_EQ(scaler.config().growth_interval, 2000);
+  gradclip::loss_scaler_state state = scaler.state_dict();
+  state.growth_tracker = -1;
+  EXPECT_THROW(scaler.load_state_dict(state), std::invalid_argument);
+  EXPECT_EQ(scaler.growth_tracker(), 0);
+}
+
+TEST(LossScaler, Fp64SubnormalQuotientsAreRoundedOnce) {
+  // 7 * 2^-1074 / 5 = 1.4 * 2^-1074, whose correct rounding is 2^-1074 (a division in two steps,
+  // by 1.25 then by 4, rounds it to 2 * 2^-1074).
+  std::vector<double> g{7 * 0x1p-1074, -7 * 0x1p-1074, 0x1p-1022};
+  const auto r = scaler_with(5.0).unscale(g);
+  EXPECT_TRUE(r.finite);
+  EXPECT_EQ(g[0], 0x1p-1074);
+  EXPECT_EQ(g[1], -0x1p-1074);
+  EXPECT_EQ(g[2], static_cast<double>(to_quad(0x1p-1022) / 5));
 }
 
 // The seed's order on FP16 data: a true gradient of 300 scaled by 65536 overflows FP16 in the backward pass;
@@ -253,7 +330,7 @@ TYPED_TEST(LossScalerTyped, NonPowerOfTwoScaleUnscalesWithOneRounding) {
     EXPECT_TRUE(r.finite);
     // Correctly rounded x / S: within half a unit in the last place (x / S is never a tie here).
     for (std::size_t i = 0; i < g.size(); ++i)
-      ASSERT_LE(ulps(g[i], to_quad(original[i]) / static_cast<quad>(scale)), 0.5)
+      ASSERT_LE(ulps(g[i], to_quad(original[i]) / static_cast<quad>(scaler.scale())), 0.5)
           << "scale " << scale << " element " << i << ": " << static_cast<double>(original[i]) << " -> "
           << static_cast<double>(g[i]);
   }

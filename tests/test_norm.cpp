@@ -1,7 +1,7 @@
 // Norms of single gradients under every policy, against a binary128 reference.
 #include <gradclip/norm.hpp>
 
-#include "reference.hpp"
+#include "element_types.hpp"
 
 #include <gtest/gtest.h>
 
@@ -22,8 +22,7 @@ using gradclip::robust;
 
 template <class T>
 class NormTyped : public ::testing::Test {};
-using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
-TYPED_TEST_SUITE(NormTyped, ElementTypes);
+TYPED_TEST_SUITE(NormTyped, element_types);
 
 // The documented relative error bound of each policy for n elements of T (see README).
 template <class Policy, class T>

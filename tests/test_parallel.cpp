@@ -1,8 +1,8 @@
-// The threaded overloads: the same results as one thread within the documented bounds, the same bits
-// on every run with the same thread count, every element scaled exactly once, small work on the caller.
-#include <gradclip/parallel.hpp>
+// options::threads: the same bits as one thread for every thread count (a fixed partition merged in a
+// fixed order), every element scaled exactly once, small work on the caller.
+#include <gradclip/gradclip.hpp>
 
-#include "reference.hpp"
+#include "element_types.hpp"
 
 #include <gtest/gtest.h>
 
@@ -17,33 +17,36 @@
 namespace {
 
 using namespace gradclip_test;
-using gradclip::threads;
+
+gradclip::options threaded(unsigned count, gradclip::on_nonfinite nonfinite = gradclip::on_nonfinite::skip) {
+  return {nonfinite, 0.0, gradclip::l2_norm, count};
+}
 
 template <class T>
 class Parallel : public ::testing::Test {};
-using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
-TYPED_TEST_SUITE(Parallel, ElementTypes);
+TYPED_TEST_SUITE(Parallel, element_types);
 
 // Elements for `threads` grains of work, plus a tail that is not a whole block.
 template <class T>
 std::size_t elements_for(unsigned grains) {
-  return grains * gradclip::parallel_grain_bytes / sizeof(T) + 777;
+  return grains * gradclip::detail::piece_elements + 777;
 }
 
-TYPED_TEST(Parallel, NormMatchesTheExactNormOnEveryThreadCount) {
+TYPED_TEST(Parallel, EveryNormIsTheSameBitsOnEveryThreadCount) {
   using T = TypeParam;
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  const auto g = random_gradient<T>(elements_for<T>(3), rng);
-  const quad exact = exact_norm(g);
-  for (unsigned count : {1u, 2u, 3u, 4u, 7u}) {
-    const double got = gradclip::norm(g.data(), g.size(), threads{count});
-    EXPECT_LE(relative_error(got, exact), robust_norm_bound<T>()) << count << " threads";
-    // The same thread count gives the same bits, whatever the scheduling.
-    EXPECT_EQ(gradclip::norm(g.data(), g.size(), threads{count}), got) << count << " threads";
+  const auto g = random_gradient<T>(elements_for<T>(5), rng);
+  EXPECT_LE(relative_error(gradclip::norm(g.data(), g.size()), exact_norm(g)), robust_norm_bound<T>());
+  for (const auto type : {gradclip::l2_norm, gradclip::l1_norm, gradclip::inf_norm, gradclip::norm_type{3.0}}) {
+    gradclip::options opt = threaded(1);
+    opt.norm = type;
+    const double one = gradclip::norm(g.data(), g.size(), opt);
+    for (unsigned count : {0u, 2u, 3u, 4u, 7u, 16u}) {
+      opt.threads = count;
+      EXPECT_EQ(gradclip::norm(g.data(), g.size(), opt), one) << count << " threads, p = " << type.p();
+    }
   }
-  EXPECT_EQ(gradclip::norm(g.data(), g.size(), threads{1}), gradclip::norm(g.data(), g.size()));
-  EXPECT_EQ(gradclip::norm(g.data(), g.size(), threads{0}), gradclip::norm(g.data(), g.size()));
 }
 
 TYPED_TEST(Parallel, ClipScalesEveryElementOnceLikeOneThread) {
@@ -54,16 +57,17 @@ TYPED_TEST(Parallel, ClipScalesEveryElementOnceLikeOneThread) {
   const double max_norm = 0.25 * gradclip::norm(original.data(), original.size());
   auto serial = original;
   const auto one = gradclip::clip_by_norm(serial.data(), serial.size(), max_norm);
-  for (unsigned count : {2u, 3u}) {
-    auto threaded = original;
-    const auto many = gradclip::clip_by_norm(threaded.data(), threaded.size(), max_norm, {}, threads{count});
+  for (unsigned count : {2u, 3u, 16u}) {
+    auto work = original;
+    const auto many = gradclip::clip_by_norm(work.data(), work.size(), max_norm, threaded(count));
     EXPECT_TRUE(many.clipped);
-    EXPECT_LE(std::abs(many.coefficient - one.coefficient), robust_norm_bound<T>() * 2 * one.coefficient);
+    EXPECT_EQ(many.coefficient, one.coefficient) << count << " threads";
+    EXPECT_TRUE(same_bits(work, serial)) << count << " threads";
     // Each element is the projection of its original within an ulp (a missed or doubled slice is off by 4x).
     const quad exact_coefficient = static_cast<quad>(max_norm) / exact_norm(original);
     double worst = 0;
     for (std::size_t i = 0; i < original.size(); ++i)
-      worst = std::max(worst, ulps(threaded[i], to_quad(original[i]) * exact_coefficient));
+      worst = std::max(worst, ulps(work[i], to_quad(original[i]) * exact_coefficient));
     EXPECT_LE(worst, 1.0) << count << " threads";
   }
 }
@@ -73,17 +77,17 @@ TYPED_TEST(Parallel, BelowThresholdAndNonFiniteGradientsAreLeftUntouched) {
   std::mt19937_64 rng(seed + 2);
   auto g = random_gradient<T>(elements_for<T>(2), rng);
   const auto original = g;
-  const auto result = gradclip::clip_by_norm(g.data(), g.size(), 1e30, {}, threads{2});
+  const auto result = gradclip::clip_by_norm(g.data(), g.size(), 1e30, threaded(2));
   EXPECT_FALSE(result.clipped);
   EXPECT_EQ(result.coefficient, 1.0);
   EXPECT_TRUE(same_bits(g, original));
 
   g[g.size() - 3] = std::numeric_limits<T>::quiet_NaN();
   const auto with_nan = g;
-  const auto skipped = gradclip::clip_by_norm(g.data(), g.size(), 1.0, {}, threads{2});
+  const auto skipped = gradclip::clip_by_norm(g.data(), g.size(), 1.0, threaded(2));
   EXPECT_FALSE(skipped.finite);
   EXPECT_TRUE(same_bits(g, with_nan));
-  EXPECT_THROW((void)gradclip::clip_by_norm(g.data(), g.size(), 1.0, {gradclip::on_nonfinite::error}, threads{2}),
+  EXPECT_THROW((void)gradclip::clip_by_norm(g.data(), g.size(), 1.0, threaded(2, gradclip::on_nonfinite::error)),
                gradclip::nonfinite_error);
   EXPECT_TRUE(same_bits(g, with_nan));
 }
@@ -91,14 +95,14 @@ TYPED_TEST(Parallel, BelowThresholdAndNonFiniteGradientsAreLeftUntouched) {
 TEST(Parallel, BadArgumentsThrowNamingTheFunction) {
   std::vector<float> g(16, 1.0f);
   try {
-    (void)gradclip::clip_by_norm(g.data(), g.size(), -1.0, {}, threads{2});
+    (void)gradclip::clip_by_norm(g.data(), g.size(), -1.0, threaded(2));
     FAIL() << "no exception";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("gradclip::clip_by_norm"), std::string::npos) << e.what();
   }
   std::vector<std::vector<float>> group{g};
   try {
-    (void)gradclip::clip_by_global_norm(group, std::nan(""), {}, threads{2});
+    (void)gradclip::clip_by_global_norm(group, std::nan(""), threaded(2));
     FAIL() << "no exception";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("gradclip::clip_by_global_norm"), std::string::npos) << e.what();
@@ -127,18 +131,18 @@ TEST(Parallel, MixedGroupsWithStridedMembers) {
     for (Eigen::Index i = 0; i < block.rows(); ++i) sum += to_quad(block(i, j)) * to_quad(block(i, j));
   const quad exact = quad_sqrt(sum);
 
-  for (unsigned count : {1u, 2u, 4u}) {
-    EXPECT_LE(relative_error(gradclip::global_norm(group, threads{count}), exact), robust_norm_bound<Eigen::half>())
-        << count;
-    const auto part = gradclip::partial_global_norm(group, threads{count});
-    EXPECT_EQ(part.norm(), gradclip::global_norm(group, threads{count}));
+  const double one = gradclip::global_norm(group);
+  EXPECT_LE(relative_error(one, exact), robust_norm_bound<Eigen::half>());
+  for (unsigned count : {2u, 4u, 16u}) {
+    EXPECT_EQ(gradclip::global_norm(group, threaded(count)), one) << count;
+    EXPECT_EQ(gradclip::partial_global_norm(group, threaded(count)).norm(), one) << count;
   }
 
   const Eigen::MatrixXd before = matrix;
   const auto small_before = small;
   const auto large_before = large;
   const double max_norm = 0.5 * static_cast<double>(exact);
-  const auto result = gradclip::clip_by_global_norm(group, max_norm, {}, threads{4});
+  const auto result = gradclip::clip_by_global_norm(group, max_norm, threaded(4));
   ASSERT_TRUE(result.clipped);
   const quad c = static_cast<quad>(max_norm) / exact;
   // One rounding, plus the coefficient's error, which is the FP16 member's norm bound (README,
@@ -162,25 +166,19 @@ TEST(Parallel, MixedGroupsWithStridedMembers) {
   for (std::size_t i = 0; i < large.size(); ++i) ASSERT_LE(ulps(large[i], to_quad(large_before[i]) * c), 1.0) << i;
 }
 
-TEST(Parallel, SmallWorkStaysOnTheCaller) {
+TEST(Parallel, SmallWorkStaysOnTheCallerAndLargeWorkIsShared) {
   unsigned used = 0;
   const std::vector<std::vector<float>> tiny{std::vector<float>(1000, 1.0f)};
-  EXPECT_TRUE(gradclip::detail::split_group(tiny, 8, used).empty());
+  EXPECT_TRUE(gradclip::detail::pieces_for_threads<gradclip::const_grad_view>(tiny, 8, used).empty());
   EXPECT_EQ(used, 1u);
-  // Three grains' worth: at most three threads, however many are offered.
-  const std::vector<std::vector<float>> three{std::vector<float>(3 * gradclip::parallel_grain_bytes / 4)};
-  const auto pieces = gradclip::detail::split_group(three, 8, used);
+  // Three pieces' worth: three threads at most, however many are offered; the pieces cover every element.
+  const std::vector<std::vector<float>> three{std::vector<float>(3 * gradclip::detail::piece_elements)};
+  const auto pieces = gradclip::detail::pieces_for_threads<gradclip::const_grad_view>(three, 8, used);
   EXPECT_EQ(used, 3u);
-  const auto bounds = gradclip::detail::balanced_runs(pieces, used);
-  ASSERT_EQ(bounds.size(), 4u);
+  ASSERT_EQ(pieces.size(), 3u);
   std::size_t covered = 0;
-  for (unsigned k = 0; k < used; ++k) {
-    std::size_t bytes = 0;
-    for (std::size_t i = bounds[k]; i < bounds[k + 1]; ++i) bytes += pieces[i].bytes;
-    EXPECT_GE(bytes, gradclip::parallel_grain_bytes / 2) << "thread " << k;
-    covered += bytes;
-  }
-  EXPECT_EQ(covered, 3 * gradclip::parallel_grain_bytes);
+  for (const auto& piece : pieces) covered += piece.size();
+  EXPECT_EQ(covered, three[0].size());
 }
 
 }  // namespace

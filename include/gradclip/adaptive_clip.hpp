@@ -2,11 +2,10 @@
 // of its weights, with Optax's adaptive_grad_clip semantics.
 #pragma once
 
-#include <gradclip/clip.hpp>
-#include <gradclip/detail/scale.hpp>
+#include <gradclip/detail/pipeline.hpp>
+#include <gradclip/detail/scaled.hpp>
 #include <gradclip/detail/strided_view.hpp>
 #include <gradclip/grad_view.hpp>
-#include <gradclip/norm.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/policies.hpp>
@@ -113,34 +112,6 @@ auto split_units(G& g) {
   }
 }
 
-/// x = m * 2^e with m in [1, 2), or zero: products and quotients of unit norms without overflow.
-struct scaled_value {
-  double m = 0.0;
-  int e = 0;
-
-  static scaled_value of(double x) noexcept {
-    if (x == 0.0) return {};
-    const int k = std::ilogb(x);
-    return {std::ldexp(x, -k), k};
-  }
-  /// The norm of a finite partial_norm (sum * 4^exponent), also when it exceeds double's range.
-  static scaled_value of(const partial_norm& part) noexcept {
-    scaled_value v = of(std::sqrt(part.sum));
-    v.e += part.exponent;
-    return v;
-  }
-  bool operator<(const scaled_value& other) const noexcept {
-    if (m == 0.0 || other.m == 0.0) return m < other.m;
-    return e != other.e ? e < other.e : m < other.m;
-  }
-  scaled_value operator*(const scaled_value& other) const noexcept {
-    if (m == 0.0 || other.m == 0.0) return {};
-    scaled_value v = of(m * other.m);
-    v.e += e + other.e;
-    return v;
-  }
-};
-
 inline std::string shape_string(const std::vector<std::ptrdiff_t>& shape) {
   std::string s = "[";
   for (std::size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
@@ -151,7 +122,7 @@ inline std::string shape_string(const std::vector<std::ptrdiff_t>& shape) {
 inline constexpr double agc_div_eps = 1e-6;
 
 /// True when units interleave in memory (rows of a column-major object): visiting one unit at a time
-/// would touch a cache line per element, so norms and scaling sweep all units column by column instead.
+/// would touch a cache line per element, so their norms sweep all units column by column instead.
 template <class T>
 bool interleaved(const unit_split<T>& split) {
   return split.units > 1 && split.element_stride != 1;
@@ -161,12 +132,12 @@ bool interleaved(const unit_split<T>& split) {
 // rounds like a two-level sum (error ~ (32 + size / 32) * 2^-53 instead of size * 2^-53).
 inline constexpr std::size_t sweep_chunk = 32;
 
-/// The L2 norm of every unit as a partial_norm, as partial_norm_of_view<robust> computes it.
+/// The L2 norm of every unit as a partial_norm, as the robust policy computes it.
 template <class T>
 std::vector<partial_norm> unit_norms(const unit_split<T>& split, std::size_t units) {
   std::vector<partial_norm> norms(units);
   if (units == 0 || !interleaved(split)) {
-    for (std::size_t i = 0; i < units; ++i) norms[i] = partial_norm_of_view<robust>(split.unit(i));
+    for (std::size_t i = 0; i < units; ++i) norms[i] = reduce_piece<robust>(split.unit(i), 2.0);
     return norms;
   }
   // FP64 squares of FP16/BF16/FP32 values neither overflow nor underflow; FP64 units whose maximum
@@ -188,46 +159,20 @@ std::vector<partial_norm> unit_norms(const unit_split<T>& split, std::size_t uni
   for (std::size_t i = 0; i < units; ++i) {
     const bool in_range = top[i] == 0.0 || (top[i] >= 0x1p-450 && top[i] <= 0x1p450);
     if (may_need_scaling && (!in_range || !std::isfinite(total[i])))
-      norms[i] = partial_norm_of_view<robust>(split.unit(i));
+      norms[i] = reduce_piece<robust>(split.unit(i), 2.0);
     else
       norms[i] = {0, total[i], static_cast<bool>(std::isfinite(total[i]))};
   }
   return norms;
 }
 
-/// Multiplies each unit i with plans[i].first by plans[i].second, rounding as scale_kernel<robust> does.
+/// Multiplies each unit that clips by its coefficient with the robust policy's scale kernel (strided
+/// units through a gathered buffer); units that do not clip are neither read nor written.
 template <class T>
-void apply_unit_factors(const unit_split<T>& split, const std::vector<std::pair<bool, factor>>& plans) {
-  const auto per_unit = [&](std::size_t i) {
-    if (plans[i].first && !(plans[i].second.mantissa == 1.0 && plans[i].second.exponent == 0))
-      apply_coefficient<robust>(split.unit(i), plans[i].second);
-  };
-  // The sweep covers the common case, where scale_kernel<robust> multiplies in one type: FP32 for 16-bit
-  // elements with a normal-float coefficient, FP64 otherwise (FP64 elements: a normal coefficient).
-  constexpr bool narrow_type = !std::is_same_v<T, float> && !std::is_same_v<T, double>;
-  using compute = std::conditional_t<narrow_type, float, double>;
-  std::vector<compute> c(plans.size(), compute(1));
-  bool sweep = interleaved(split);
-  for (std::size_t i = 0; sweep && i < plans.size(); ++i) {
-    if (!plans[i].first) continue;
-    const double v = plans[i].second.value();
-    const double lowest = narrow_type ? std::numeric_limits<float>::min() : std::numeric_limits<double>::min();
-    const double highest = narrow_type ? std::numeric_limits<float>::max() : std::numeric_limits<double>::max();
-    sweep = std::is_same_v<T, float> || v == 0.0 || (std::abs(v) >= lowest && std::abs(v) <= highest);
-    c[i] = static_cast<compute>(v);
-  }
-  if (!sweep) {
-    for (std::size_t i = 0; i < plans.size(); ++i) per_unit(i);
-    return;
-  }
-  // Units left alone are multiplied by exactly 1, which changes no finite value.
-  for (std::size_t k = 0; k < split.unit_size; ++k) {
-    T* column = split.whole.data + static_cast<std::ptrdiff_t>(k) * split.element_stride;
-    for (std::size_t i = 0; i < plans.size(); ++i) {
-      T& x = column[static_cast<std::ptrdiff_t>(i) * split.unit_stride];
-      x = narrow<T>(widen<compute>(x) * c[i]);
-    }
-  }
+void apply_unit_factors(const unit_split<T>& split, const std::vector<std::pair<bool, scaled>>& plans) {
+  for (std::size_t i = 0; i < plans.size(); ++i)
+    if (plans[i].first)
+      split.unit(i).for_each_run([&](T* p, std::size_t n) { scale_run<robust>(p, n, plans[i].second); }, true);
 }
 
 inline void check_adaptive_clip_arguments(const char* function, double clipping, double eps, on_nonfinite nonfinite) {
@@ -249,7 +194,7 @@ adaptive_clip_result adaptive_clip_units(const char* function, const unit_split<
   adaptive_clip_result result;
   result.units = grad.whole.size() == 0 ? 0 : grad.units;
   // Every decision is taken before any gradient is written, so `skip` and `error` modify nothing.
-  std::vector<std::pair<bool, factor>> plans(result.units, {false, factor{}});
+  std::vector<std::pair<bool, scaled>> plans(result.units, {false, scaled{1.0, 0}});
   double first_nonfinite = 0.0;
   const std::vector<partial_norm> grad_norms = unit_norms(grad, result.units);
   const std::vector<partial_norm> weight_norms = unit_norms(weights, result.units);
@@ -257,11 +202,10 @@ adaptive_clip_result adaptive_clip_units(const char* function, const unit_split<
     const partial_norm& g = grad_norms[i];
     const partial_norm& w = weight_norms[i];
     if (g.finite && w.finite) {
-      const scaled_value g_norm = scaled_value::of(g);
-      const scaled_value max_norm = scaled_value::of(clipping) * std::max(scaled_value::of(w), scaled_value::of(eps));
+      const scaled g_norm = g.norm_scaled();
+      const scaled max_norm = scaled::of(clipping) * std::max(w.norm_scaled(), scaled::of(eps));
       if (g_norm < max_norm) continue;  // Optax: where(g_norm < max_norm, g, clipped)
-      const scaled_value denominator = std::max(g_norm, scaled_value::of(agc_div_eps));
-      plans[i] = {true, factor{max_norm.m / denominator.m, max_norm.e - denominator.e}};
+      plans[i] = {true, max_norm / std::max(g_norm, scaled::of(agc_div_eps))};
       continue;
     }
     if (result.finite) first_nonfinite = g.finite ? w.norm() : g.norm();
@@ -271,7 +215,7 @@ adaptive_clip_result adaptive_clip_units(const char* function, const unit_split<
     const double max_norm = clipping * (std::isnan(w_norm) ? w_norm : std::max(w_norm, eps));
     if (g_norm < max_norm) continue;
     const double denominator = std::isnan(g_norm) ? g_norm : std::max(g_norm, agc_div_eps);
-    plans[i] = {true, factor{max_norm / denominator, 0}};
+    plans[i] = {true, scaled{max_norm / denominator, 0}};
   }
   if (!result.finite) {
     if (nonfinite == on_nonfinite::error) throw nonfinite_error(function, first_nonfinite);

@@ -1,7 +1,7 @@
 // Clipping by norm (one gradient or a group under one global norm) and by value.
 #pragma once
 
-#include <gradclip/detail/scale.hpp>
+#include <gradclip/detail/pipeline.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/norm.hpp>
 #include <gradclip/options.hpp>
@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -18,46 +19,6 @@
 namespace gradclip {
 
 namespace detail {
-
-inline void check_clip_arguments(const char* function, double max_norm, const options& opt) {
-  if (!(max_norm >= 0)) throw std::invalid_argument(std::string(function) + ": max_norm must be >= 0 and not NaN");
-  if (!(opt.epsilon >= 0) || !std::isfinite(opt.epsilon))
-    throw std::invalid_argument(std::string(function) + ": options::epsilon must be finite and >= 0");
-  if (opt.nonfinite != on_nonfinite::skip && opt.nonfinite != on_nonfinite::error &&
-      opt.nonfinite != on_nonfinite::propagate)
-    throw std::invalid_argument(std::string(function) + ": options::nonfinite is not an on_nonfinite value");
-}
-
-struct clip_plan {
-  clip_result result;
-  factor coefficient;
-};
-
-/// Decides from the sum of squares whether and by how much to clip, without touching any gradient.
-/// Works on the scaled form (norm = 2^e * r), so the coefficient is right even when the norm overflows.
-inline clip_plan plan_clip(const char* function, const partial_norm& part, double max_norm, const options& opt) {
-  const double norm = part.norm();
-  if (!part.finite) {
-    if (opt.nonfinite == on_nonfinite::error) throw nonfinite_error(function, norm);
-    if (opt.nonfinite == on_nonfinite::skip) return {{norm, 1.0, false, false}, {}};
-    double c = max_norm / (norm + opt.epsilon);  // PyTorch: clamp(max=1), NaN stays NaN
-    if (c > 1.0) c = 1.0;
-    return {{norm, c, !(c == 1.0), false}, {c, 0}};
-  }
-  const double r = std::sqrt(part.sum);
-  if (!(r > std::ldexp(max_norm, -part.exponent))) return {{norm, 1.0, false, true}, {}};
-  // max_norm = m * 2^k with m in [0.5, 1), so the mantissa stays normal even when max_norm is subnormal.
-  int k = 0;
-  const double m = std::frexp(max_norm, &k);
-  const factor c{m / (r + std::ldexp(opt.epsilon, -part.exponent)), k - part.exponent};
-  return {{norm, c.value(), true, true}, c};
-}
-
-template <class Policy, class T>
-void apply_coefficient(const strided_view<T>& view, const factor& c) {
-  static_assert(!std::is_const_v<T>, "Clipping modifies the gradient in place, so it cannot be const.");
-  view.for_each_run([&](T* p, std::size_t n) { scale_kernel<Policy>::run(p, n, c); }, true);
-}
 
 /// The largest T not above limit (>= 0), so that clipped values never exceed it after rounding.
 template <class T>
@@ -75,54 +36,28 @@ T largest_not_above(double limit) noexcept {
 
 }  // namespace detail
 
-/// Clips one gradient in place to L2 norm at most max_norm: g <- g * min(1, max_norm / (||g|| + epsilon)).
+/// Clips one gradient in place: g <- g * c with c = max_norm / (||g|| + epsilon) when c < 1 (PyTorch's
+/// rule), the norm being options::norm (L2 by default).
 ///
-/// When ||g|| <= max_norm the gradient is left bit-for-bit untouched and the coefficient is exactly 1.
-/// Non-finite norms follow opt.nonfinite (skip by default: untouched, `finite = false`). With the robust
-/// policy each clipped FP16, BF16 or FP32 element is within one unit in the last place of the exact
-/// g * max_norm / ||g||; an FP64 element within one ulp plus the FP64 norm's rounding error (README).
-/// Throws std::invalid_argument for a negative or NaN max_norm or a negative or non-finite epsilon.
+/// When c >= 1 the gradient is left bit-for-bit untouched and the coefficient is exactly 1. Non-finite
+/// norms follow opt.nonfinite (skip by default: untouched, `finite = false`). With the robust policy each
+/// clipped FP16, BF16 or FP32 element is within one unit in the last place of the exact g * c; an FP64
+/// element within one ulp plus the FP64 norm's rounding error (about 1e-15 relative). Runs on up to
+/// opt.threads threads with results identical for every thread count. Throws std::invalid_argument for a
+/// negative or NaN max_norm and for bad options.
 ///
 ///     auto result = gradclip::clip_by_norm(grad, 1.0);   // grad: Eigen::Tensor<Eigen::half, 2>, ...
 template <class Policy = robust, class Grad, class = std::enable_if_t<detail::is_gradient_v<Grad>>>
-clip_result clip_by_norm(Grad&& g, double max_norm, options opt = {}) {
-  constexpr const char* function = "gradclip::clip_by_norm";
-  detail::check_clip_arguments(function, max_norm, opt);
-  return detail::visit_gradient(g, [&](const auto& view) {
-    const detail::clip_plan plan =
-        detail::plan_clip(function, detail::partial_norm_of_view<Policy>(view), max_norm, opt);
-    if (plan.result.clipped) detail::apply_coefficient<Policy>(view, plan.coefficient);
-    return plan.result;
-  });
+clip_result clip_by_norm(Grad&& g, double max_norm, const options& opt = {}) {
+  detail::single<std::remove_reference_t<Grad>> group{&g};
+  return detail::clip<Policy>("gradclip::clip_by_norm", group, max_norm, opt);
 }
 
 /// Clips a raw buffer of `size` elements in place; see the overload above.
 template <class Policy = robust, class T, class = std::enable_if_t<detail::is_element_v<T>>>
-clip_result clip_by_norm(T* data, std::size_t size, double max_norm, options opt = {}) {
+clip_result clip_by_norm(T* data, std::size_t size, double max_norm, const options& opt = {}) {
   return clip_by_norm<Policy>(detail::strided_view<T>{data, size}, max_norm, opt);
 }
-
-namespace detail {
-
-// Clips a group by the norm `global` (its own, or one reduced across processes), which the caller
-// computes only after the arguments have been checked.
-template <class Policy, class Grads, class GlobalNorm>
-clip_result clip_group(Grads& grads, double max_norm, const options& opt, GlobalNorm&& global,
-                       const char* function = "gradclip::clip_by_global_norm") {
-  check_clip_arguments(function, max_norm, opt);
-  const clip_plan plan = plan_clip(function, global(), max_norm, opt);
-  if (plan.result.clipped)
-    for (auto& g : grads)
-      visit_gradient(g, [&](const auto& view) { apply_coefficient<Policy>(view, plan.coefficient); });
-  return plan.result;
-}
-
-template <class Policy, class Grads>
-clip_result clip_group(Grads& grads, double max_norm, const options& opt) {
-  return clip_group<Policy>(grads, max_norm, opt, [&] { return partial_norm_of_group<Policy>(grads); });
-}
-
-}  // namespace detail
 
 /// Clips every gradient of a group by one coefficient computed from the global norm (the norm of their
 /// concatenation), so the direction of the whole update is kept. Same semantics as clip_by_norm; with
@@ -130,31 +65,31 @@ clip_result clip_group(Grads& grads, double max_norm, const options& opt) {
 ///
 ///     std::vector<Eigen::Tensor<float, 2>> grads = ...;
 ///     auto result = gradclip::clip_by_global_norm(grads, 1.0);
-template <class Policy = robust, class Grads>
-clip_result clip_by_global_norm(Grads& grads, double max_norm, options opt = {}) {
-  return detail::clip_group<Policy>(grads, max_norm, opt);
-}
-
-/// The same for a temporary group, e.g. a vector of maps made for the call.
-template <class Policy = robust, class Grads, class = std::enable_if_t<!std::is_reference_v<Grads>>>
-clip_result clip_by_global_norm(Grads&& grads, double max_norm, options opt = {}) {
-  return detail::clip_group<Policy>(grads, max_norm, opt);
+template <class Policy = robust, class Grads, class = std::enable_if_t<detail::is_gradient_range_v<Grads&>>>
+clip_result clip_by_global_norm(Grads&& grads, double max_norm, const options& opt = {}) {
+  return detail::clip<Policy>("gradclip::clip_by_global_norm", grads, max_norm, opt);
 }
 
 /// The same for a braced list of gradients of any element types: clip_by_global_norm({w, b}, 1.0).
 template <class Policy = robust>
-clip_result clip_by_global_norm(std::initializer_list<grad_view> grads, double max_norm, options opt = {}) {
-  return detail::clip_group<Policy>(grads, max_norm, opt);
+clip_result clip_by_global_norm(std::initializer_list<grad_view> grads, double max_norm, const options& opt = {}) {
+  return detail::clip<Policy>("gradclip::clip_by_global_norm", grads, max_norm, opt);
 }
 
-/// Clips this process's gradients by a global norm reduced elsewhere (e.g. with NCCL or Gloo from every
-/// rank's partial_global_norm; see partial_norm.hpp). Every rank passing the same `global` applies the
-/// same coefficient, bit for bit.
+/// Clips this process's gradients by a norm reduced elsewhere (e.g. with NCCL or Gloo from every rank's
+/// partial_global_norm; see partial_norm.hpp), without reading them again. Every rank passing the same
+/// `global` applies the same coefficient, bit for bit. `global` must be a part of options::norm.
 ///
 ///     auto result = gradclip::clip_by_global_norm(local_grads, reduced_partial, 1.0);
 template <class Policy = robust, class Grads>
-clip_result clip_by_global_norm(Grads& local_grads, const partial_norm& global, double max_norm, options opt = {}) {
-  return detail::clip_group<Policy>(local_grads, max_norm, opt, [&] { return global; });
+clip_result clip_by_global_norm(Grads&& local_grads, const partial_norm& global, double max_norm,
+                                const options& opt = {}) {
+  constexpr const char* function = "gradclip::clip_by_global_norm";
+  detail::check_group<Grads&>();
+  if (!(global.p == opt.norm.p()))
+    throw std::invalid_argument(std::string(function) + ": the partial norm is of p = " + std::to_string(global.p) +
+                                ", options::norm of p = " + std::to_string(opt.norm.p()));
+  return detail::clip<Policy>(function, local_grads, max_norm, opt, [&] { return global; });
 }
 
 /// Clamps every element to [-limit, limit] in place (limit rounded down to the element type, so no

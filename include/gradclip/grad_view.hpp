@@ -1,5 +1,5 @@
-// What counts as a gradient, and grad_view: a non-owning, type-erased gradient for groups that mix
-// element types (FP16 weights with FP32 biases) under one global norm.
+// What counts as a gradient, and grad_view / const_grad_view: non-owning, type-erased gradients for
+// groups that mix element types (FP16 weights with FP32 biases) under one global norm.
 #pragma once
 
 #include <gradclip/detail/element.hpp>
@@ -16,6 +16,7 @@
 namespace gradclip {
 
 class grad_view;
+class const_grad_view;
 
 namespace detail {
 
@@ -44,7 +45,7 @@ struct view_traits {
   using raw = std::remove_cv_t<G>;
   static constexpr bool dense = is_eigen_dense_v<raw>;
   static constexpr bool contiguous = !dense && has_data_and_size<G>::value;
-  static constexpr bool erased = std::is_same_v<raw, grad_view>;
+  static constexpr bool erased = std::is_same_v<raw, grad_view> || std::is_same_v<raw, const_grad_view>;
   static constexpr bool typed = is_strided_view<raw>::value;
   static constexpr bool indirect = std::is_pointer_v<raw> || is_reference_wrapper<raw>::value;
 };
@@ -84,57 +85,46 @@ decltype(auto) visit_gradient(G& g, F&& f);
 
 }  // namespace detail
 
-/// A non-owning view of one gradient of any supported element type, with its type as a runtime tag.
-/// A std::vector<grad_view> is a group that mixes element types under one global norm: each gradient
-/// is reduced with the policy's rules for its own type and the parts merge exactly.
-///
-///     std::vector<gradclip::grad_view> group{weights_fp16, bias_fp32};
-///     auto result = gradclip::clip_by_global_norm(group, 1.0);
-class grad_view {
+namespace detail {
+
+/// What grad_view and const_grad_view share: the address, the runtime element type and the strides.
+class erased_view {
  public:
-  /// A contiguous buffer of `size` elements.
-  template <class T, class = std::enable_if_t<detail::is_element_v<T>>>
-  grad_view(T* data, std::size_t size) noexcept : grad_view(detail::strided_view<T>{data, size}) {}
+  dtype type() const noexcept { return type_; }
+  std::size_t size() const noexcept { return inner_size_ * outer_size_; }
 
-  /// Any gradient (Eigen tensor, tensor map, dense object, container). It must outlive the view.
-  template <class G,
-            class = std::enable_if_t<detail::is_gradient_v<G> && !std::is_same_v<std::remove_cv_t<G>, grad_view>>>
-  grad_view(G& gradient) : grad_view(detail::visit_gradient(gradient, [](auto v) { return grad_view(v); })) {
-    static_assert(!std::is_const_v<G>, "A grad_view can modify its gradient, so it cannot view a const one.");
-  }
-
+ protected:
   template <class T>
-  explicit grad_view(detail::strided_view<T> v) noexcept
+  explicit erased_view(strided_view<T> v) noexcept
       : data_(const_cast<std::remove_const_t<T>*>(v.data)),
-        type_(detail::element_traits<std::remove_const_t<T>>::tag),
+        type_(element_traits<std::remove_const_t<T>>::tag),
         inner_size_(v.inner_size),
         inner_stride_(v.inner_stride),
         outer_size_(v.outer_size),
         outer_stride_(v.outer_stride) {}
 
-  dtype type() const noexcept { return type_; }
-  std::size_t size() const noexcept { return inner_size_ * outer_size_; }
-
-  /// Calls f(detail::strided_view<T>) with the element type restored.
-  template <class F>
-  decltype(auto) visit(F&& f) const {
+  /// Calls f(strided_view<T>) with the element type restored, const when Const.
+  template <bool Const, class F>
+  decltype(auto) visit_as(F&& f) const {
     switch (type_) {
       case dtype::float16:
-        return f(typed<Eigen::half>());
+        return f(typed<Const, Eigen::half>());
       case dtype::bfloat16:
-        return f(typed<Eigen::bfloat16>());
+        return f(typed<Const, Eigen::bfloat16>());
       case dtype::float32:
-        return f(typed<float>());
+        return f(typed<Const, float>());
       case dtype::float64:
         break;
     }
-    return f(typed<double>());
+    return f(typed<Const, double>());
   }
 
  private:
-  template <class T>
-  detail::strided_view<T> typed() const noexcept {
-    return {static_cast<T*>(data_), inner_size_, inner_stride_, outer_size_, outer_stride_};
+  template <bool Const, class T>
+  auto typed() const noexcept {
+    using element = std::conditional_t<Const, const T, T>;
+    return strided_view<element>{static_cast<element*>(data_), inner_size_, inner_stride_, outer_size_,
+                                 outer_stride_};
   }
 
   void* data_;
@@ -143,6 +133,72 @@ class grad_view {
   std::ptrdiff_t inner_stride_;
   std::size_t outer_size_;
   std::ptrdiff_t outer_stride_;
+};
+
+template <class G>
+inline constexpr bool is_erased_view_v =
+    std::is_same_v<std::remove_cv_t<G>, grad_view> || std::is_same_v<std::remove_cv_t<G>, const_grad_view>;
+
+}  // namespace detail
+
+/// A non-owning view of one gradient of any supported element type, with its type as a runtime tag; it
+/// can be clipped. A std::vector<grad_view> is a group that mixes element types under one global norm:
+/// each gradient is reduced with the policy's rules for its own type and the parts merge with one
+/// rounding per merge. Gradients of const data need const_grad_view.
+///
+///     std::vector<gradclip::grad_view> group{weights_fp16, bias_fp32};
+///     auto result = gradclip::clip_by_global_norm(group, 1.0);
+class grad_view : public detail::erased_view {
+ public:
+  /// A contiguous buffer of `size` elements.
+  template <class T, class = std::enable_if_t<detail::is_element_v<T> && !std::is_const_v<T>>>
+  grad_view(T* data, std::size_t size) noexcept : grad_view(detail::strided_view<T>{data, size}) {}
+
+  /// Any gradient (Eigen tensor, tensor map, dense object, container) whose elements can be written. It
+  /// must outlive the view.
+  template <class G, class = std::enable_if_t<detail::is_gradient_v<G> && !detail::is_erased_view_v<G>>>
+  grad_view(G& gradient) : grad_view(detail::visit_gradient(gradient, [](auto v) { return grad_view(v); })) {
+    static_assert(!std::is_const_v<G>, "A grad_view can modify its gradient, so it cannot view a const one.");
+  }
+
+  template <class T>
+  explicit grad_view(detail::strided_view<T> v) noexcept : erased_view(v) {
+    static_assert(!std::is_const_v<T>,
+                  "A grad_view can modify its gradient, so it cannot view const data; use const_grad_view.");
+  }
+
+  /// Calls f(detail::strided_view<T>) with the element type restored.
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    return visit_as<false>(std::forward<F>(f));
+  }
+};
+
+/// A read-only, non-owning view of one gradient of any supported element type. Every norm function takes
+/// groups of it; clipping through it does not compile.
+///
+///     std::vector<gradclip::const_grad_view> group{const_weights, bias};
+///     double n = gradclip::global_norm(group);
+class const_grad_view : public detail::erased_view {
+ public:
+  /// A contiguous buffer of `size` elements.
+  template <class T, class = std::enable_if_t<detail::is_element_v<T>>>
+  const_grad_view(const T* data, std::size_t size) noexcept : const_grad_view(detail::strided_view<const T>{data, size}) {}
+
+  /// Any gradient, const or not, and any grad_view. It must outlive the view.
+  template <class G, class = std::enable_if_t<detail::is_gradient_v<const G&> &&
+                                              !std::is_same_v<std::remove_cv_t<G>, const_grad_view>>>
+  const_grad_view(const G& gradient)
+      : const_grad_view(detail::visit_gradient(gradient, [](auto v) { return const_grad_view(v); })) {}
+
+  template <class T>
+  explicit const_grad_view(detail::strided_view<T> v) noexcept : erased_view(v) {}
+
+  /// Calls f(detail::strided_view<const T>) with the element type restored.
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    return visit_as<true>(std::forward<F>(f));
+  }
 };
 
 namespace detail {

@@ -10,8 +10,6 @@
 #include <gradclip/loss_scaler.hpp>
 #include <gradclip/norm.hpp>
 #include <gradclip/options.hpp>
-#include <gradclip/p_norm.hpp>
-#include <gradclip/parallel.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/policies.hpp>
 #include <gradclip/version.hpp>

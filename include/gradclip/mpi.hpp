@@ -2,8 +2,7 @@
 // Needs an MPI library (link MPI::MPI_CXX); the umbrella header gradclip.hpp does not include it.
 #pragma once
 
-#include <gradclip/clip.hpp>
-#include <gradclip/norm.hpp>
+#include <gradclip/detail/pipeline.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/policies.hpp>
@@ -11,11 +10,13 @@
 #include <mpi.h>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace gradclip::mpi {
 
@@ -104,35 +105,125 @@ inline int exponent_of_word(std::uint64_t word) noexcept {
   return static_cast<int>(static_cast<std::int64_t>(word) + std::numeric_limits<int>::min());
 }
 
-/// The second all-reduce: the exact integer SUM of every rank's part at the common exponent. The same
-/// integers reach every rank whatever the order MPI adds in, so every rank gets the same bits.
-inline partial_norm sum_parts(const char* function, MPI_Comm own, const partial_norm& local, int max_exponent) {
-  const partial_norm::exact_sum part = local.reduction_exact_sum(max_exponent);
-  partial_norm::exact_sum total{};
-  check(MPI_Allreduce(part.data(), total.data(), static_cast<int>(part.size()), MPI_INT64_T, MPI_SUM, own), function,
-        "MPI_Allreduce");
-  return partial_norm::from_reduction(max_exponent, total);
+// The maximum norm travels as the bits of its value, which never overflows double: the bits of
+// non-negative doubles order as their values, and NaN's above +inf's, so the MAX is NaN if any rank saw
+// one, else +inf if any did, else the largest magnitude.
+inline std::uint64_t max_word(const partial_norm& part) noexcept {
+  return bits_of(part.finite ? part.norm() : std::abs(part.sum));
+}
+inline partial_norm part_of_max_word(std::uint64_t word) noexcept {
+  double value = 0;
+  std::memcpy(&value, &word, sizeof value);
+  if (!std::isfinite(value)) return partial_norm::nonfinite(value, std::numeric_limits<double>::infinity());
+  return partial_norm{0, value, true, std::numeric_limits<double>::infinity()}.normalized();
+}
+
+/// The local part and the agreed arguments after the first all-reduce.
+struct agreement {
+  partial_norm local;
+  std::array<std::uint64_t, 11> words;
+};
+
+/// Validates the arguments on every rank and reduces the local gradients, then agrees in one MAX
+/// all-reduce on: the exponent (sums) or the maximum's bits (max norm), the lowest and highest rank whose
+/// arguments are bad, and each argument with its complement (the MAX of a complement is the complement
+/// of the minimum, so max == ~max(~x) exactly when every rank passed the same value). Throws
+/// std::invalid_argument on every rank, naming the offending ranks, before anything is modified.
+template <class Policy, class Grads>
+agreement agree(const char* function, MPI_Comm own, const Grads& local_grads, double max_norm, const options& opt) {
+  int rank = 0;
+  check(MPI_Comm_rank(own, &rank), function, "MPI_Comm_rank");
+  std::string problem;
+  try {
+    gradclip::detail::check_clip_arguments(function, max_norm, opt);
+  } catch (const std::invalid_argument& e) {
+    problem = std::string(function) + ": rank " + std::to_string(rank) + ": " +
+              std::string(e.what()).substr(std::string(function).size() + 2);
+  }
+  const double order = opt.norm.p();
+  agreement a{problem.empty() ? gradclip::detail::reduce<Policy>(local_grads, opt) : partial_norm{0, 0.0, true, order},
+              {}};
+  const std::uint64_t bad = problem.empty() ? 0u : static_cast<std::uint64_t>(rank) + 1;
+  const std::uint64_t head = std::isinf(order) ? max_word(a.local) : exponent_word(a.local.reduction_exponent());
+  const auto mode = static_cast<std::uint64_t>(opt.nonfinite);
+  const std::array<std::uint64_t, 11> words{head,
+                                            bad,
+                                            problem.empty() ? 0u : ~bad,
+                                            bits_of(max_norm),
+                                            ~bits_of(max_norm),
+                                            bits_of(opt.epsilon),
+                                            ~bits_of(opt.epsilon),
+                                            bits_of(order),
+                                            ~bits_of(order),
+                                            mode,
+                                            ~mode};
+  check(MPI_Allreduce(words.data(), a.words.data(), static_cast<int>(words.size()), MPI_UINT64_T, MPI_MAX, own),
+        function, "MPI_Allreduce");
+  if (!problem.empty()) throw std::invalid_argument(problem);
+  if (a.words[1] != 0) {
+    const std::uint64_t lowest = ~a.words[2] - 1, highest = a.words[1] - 1;
+    throw std::invalid_argument(std::string(function) + ": invalid arguments on rank " + std::to_string(lowest) +
+                                (lowest == highest ? std::string() : " to rank " + std::to_string(highest)) +
+                                " (see the exception thrown there)");
+  }
+  for (std::size_t i = 3; i + 1 < a.words.size(); i += 2)
+    if (a.words[i] != ~a.words[i + 1])
+      throw std::invalid_argument(std::string(function) +
+                                  ": max_norm and options must be the same on every rank of comm");
+  return a;
+}
+
+/// The global part from the local one and the agreed first word. L1 and L2: the exact integer SUM of
+/// every rank's part at the common exponent, the same integers on every rank whatever the order MPI adds
+/// in. The max norm is the agreed word itself. Other p: every rank's part gathered and merged in rank
+/// order. Every rank gets the same bits.
+inline partial_norm combine(const char* function, MPI_Comm own, const agreement& a) {
+  const double order = a.local.p;
+  if (std::isinf(order)) return part_of_max_word(a.words[0]);
+  if (order <= 2.0) {
+    const int max_exponent = exponent_of_word(a.words[0]);
+    const partial_norm::exact_sum part = a.local.reduction_exact_sum(max_exponent);
+    partial_norm::exact_sum total{};
+    check(MPI_Allreduce(part.data(), total.data(), static_cast<int>(part.size()), MPI_INT64_T, MPI_SUM, own),
+          function, "MPI_Allreduce");
+    return partial_norm::from_reduction(max_exponent, total, order);
+  }
+  int size = 0;
+  check(MPI_Comm_size(own, &size), function, "MPI_Comm_size");
+  const std::array<std::uint64_t, 3> mine{static_cast<std::uint64_t>(static_cast<std::int64_t>(a.local.exponent)),
+                                          bits_of(a.local.sum), a.local.finite ? 1u : 0u};
+  std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(size));
+  check(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(),
+                      static_cast<int>(mine.size()), MPI_UINT64_T, own),
+        function, "MPI_Allgather");
+  partial_norm total{0, 0.0, true, order};
+  for (std::size_t r = 0; r < all.size(); r += mine.size()) {
+    double sum = 0;
+    std::memcpy(&sum, &all[r + 1], sizeof sum);
+    total.merge({static_cast<int>(static_cast<std::int64_t>(all[r])), sum, all[r + 2] != 0, order});
+  }
+  return total;
 }
 
 }  // namespace detail
 
-/// The L2 norm of the concatenation of every rank's `local_grads` (a group, as for
+/// The norm (options::norm) of the concatenation of every rank's `local_grads` (a group, as for
 /// gradclip::global_norm; it may be empty), returned bit for bit the same on every rank.
 ///
-/// Collective: every rank of `comm` must call it. Each rank reduces its own gradients under the policy;
-/// the parts are then combined exactly with two all-reduces (a MAX of their exponents, an integer SUM of
-/// their sums rescaled to it), so no rank's contribution can overflow, underflow or depend on the order.
-/// NaN on any rank gives NaN everywhere, else an Inf gives +inf. MPI failures throw mpi_error.
+/// Collective: every rank of `comm` must call it, with the same options. Each rank reduces its own
+/// gradients under the policy; the parts are then combined: L1 and L2 exactly, with two all-reduces (a
+/// MAX of 88 bytes: the exponents and the arguments, then an integer SUM of 40 bytes: the sums rescaled
+/// to the common exponent), so no rank's contribution can overflow, underflow or depend on the order; the
+/// max norm with the first all-reduce alone (Megatron's MAX); other p by gathering 24 bytes per rank and
+/// merging in rank order. NaN on any rank gives NaN everywhere, else an Inf gives +inf. Bad or differing
+/// options throw std::invalid_argument on every rank; MPI failures throw mpi_error.
 ///
 ///     double norm = gradclip::mpi::global_norm(MPI_COMM_WORLD, my_shards);
 template <class Policy = robust, class Grads>
-double global_norm(MPI_Comm comm, const Grads& local_grads) {
+double global_norm(MPI_Comm comm, const Grads& local_grads, const options& opt = {}) {
   constexpr const char* function = "gradclip::mpi::global_norm";
   const MPI_Comm own = detail::library_comm(function, comm);
-  const partial_norm local = partial_global_norm<Policy>(local_grads);
-  std::uint64_t word = detail::exponent_word(local.reduction_exponent()), max_word = 0;
-  detail::check(MPI_Allreduce(&word, &max_word, 1, MPI_UINT64_T, MPI_MAX, own), function, "MPI_Allreduce");
-  return detail::sum_parts(function, own, local, detail::exponent_of_word(max_word)).norm();
+  return detail::combine(function, own, detail::agree<Policy>(function, own, local_grads, 0.0, opt)).norm();
 }
 
 /// Clips every rank's `local_grads` in place by one coefficient computed from the global norm of all of
@@ -143,55 +234,17 @@ double global_norm(MPI_Comm comm, const Grads& local_grads) {
 /// gradients takes part. A non-finite value on any rank makes every rank skip (on_nonfinite::skip), throw
 /// nonfinite_error (error) or propagate. Bad arguments on any rank, or arguments that differ between
 /// ranks, throw std::invalid_argument on every rank (the ranks agree on them in the first all-reduce,
-/// before anything is modified). MPI failures throw mpi_error. Two all-reduces of a few words each.
+/// before anything is modified): the rank that holds them names itself, the others name it. MPI failures
+/// throw mpi_error. The same collectives as global_norm.
 ///
 ///     auto result = gradclip::mpi::clip_by_global_norm(MPI_COMM_WORLD, my_shards, 1.0);
 template <class Policy = robust, class Grads>
-clip_result clip_by_global_norm(MPI_Comm comm, Grads& local_grads, double max_norm, options opt = {}) {
+clip_result clip_by_global_norm(MPI_Comm comm, Grads& local_grads, double max_norm, const options& opt = {}) {
   constexpr const char* function = "gradclip::mpi::clip_by_global_norm";
   const MPI_Comm own = detail::library_comm(function, comm);
-  int rank = 0;
-  detail::check(MPI_Comm_rank(own, &rank), function, "MPI_Comm_rank");
-
-  // Validate locally but throw only once every rank knows, so that no rank waits in a collective alone.
-  std::string problem;
-  try {
-    gradclip::detail::check_clip_arguments(function, max_norm, opt);
-  } catch (const std::invalid_argument& e) {
-    problem = e.what();
-  }
-  const partial_norm local = problem.empty() ? partial_global_norm<Policy>(local_grads) : partial_norm{};
-
-  // One MAX all-reduce carries the exponent, the highest rank with bad arguments (plus one), and each
-  // argument with its complement: the MAX of a complement is the complement of the minimum, so
-  // max == ~max(~x) exactly when every rank passed the same value.
-  const auto mode = static_cast<std::uint64_t>(opt.nonfinite);
-  const std::array<std::uint64_t, 8> words{detail::exponent_word(local.reduction_exponent()),
-                                           problem.empty() ? 0u : static_cast<std::uint64_t>(rank) + 1,
-                                           detail::bits_of(max_norm),
-                                           ~detail::bits_of(max_norm),
-                                           detail::bits_of(opt.epsilon),
-                                           ~detail::bits_of(opt.epsilon),
-                                           mode,
-                                           ~mode};
-  std::array<std::uint64_t, 8> agreed{};
-  detail::check(MPI_Allreduce(words.data(), agreed.data(), static_cast<int>(words.size()), MPI_UINT64_T, MPI_MAX, own),
-                function, "MPI_Allreduce");
-  if (!problem.empty()) throw std::invalid_argument(problem);
-  if (agreed[1] != 0)
-    throw std::invalid_argument(std::string(function) + ": invalid arguments on rank " + std::to_string(agreed[1] - 1));
-  for (std::size_t i = 2; i < agreed.size(); i += 2)
-    if (agreed[i] != ~agreed[i + 1])
-      throw std::invalid_argument(std::string(function) +
-                                  ": max_norm and options must be the same on every rank of comm");
-
-  const partial_norm total = detail::sum_parts(function, own, local, detail::exponent_of_word(agreed[0]));
-  const gradclip::detail::clip_plan plan = gradclip::detail::plan_clip(function, total, max_norm, opt);
-  if (plan.result.clipped)
-    for (auto& g : local_grads)
-      gradclip::detail::visit_gradient(
-          g, [&](const auto& view) { gradclip::detail::apply_coefficient<Policy>(view, plan.coefficient); });
-  return plan.result;
+  const detail::agreement a = detail::agree<Policy>(function, own, local_grads, max_norm, opt);
+  return gradclip::detail::clip<Policy>(function, local_grads, max_norm, opt,
+                                        [&] { return detail::combine(function, own, a); });
 }
 
 }  // namespace gradclip::mpi

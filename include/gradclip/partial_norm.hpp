@@ -1,8 +1,13 @@
-// partial_norm: a mergeable piece of a sum of squares, kept as a power-of-two scale and a scaled sum,
-// so that no merge overflows or underflows. Ranks of a distributed job each compute one and reduce them,
-// either by merging or with two standard all-reduces (MAX of an exponent, then SUM of rescaled sums).
+// partial_norm: a mergeable piece of a norm, kept as a power-of-two scale and a scaled sum (or maximum),
+// so that no merge overflows or underflows. Threads and ranks each compute one and merge them; ranks of a
+// distributed job can also reduce them with two standard all-reduces (MAX of an exponent, then SUM of
+// rescaled sums).
 #pragma once
 
+#include <gradclip/detail/fp_checks.hpp>
+#include <gradclip/detail/scaled.hpp>
+
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -10,79 +15,116 @@
 
 namespace gradclip {
 
-/// The sum of squares of some elements, as `sum * 4^exponent` (that is, norm = 2^exponent * sqrt(sum)).
+/// A piece of the p-norm of some elements: for finite p, sum |x|^p = `sum * 2^(p * exponent)`, so that
+/// norm = 2^exponent * sum^(1/p) (for the L2 norm, the sum of squares is `sum * 4^exponent`); for p = inf,
+/// max |x| = `sum * 2^exponent`. Every kind of norm is one of these: sum of squares (p = 2), sum of
+/// magnitudes (p = 1), largest magnitude (p = inf) and sum of |x|^p.
 ///
-/// Merging keeps the larger exponent and rescales the other sum by an exact power of two, so a
-/// partial norm represents every finite sum of squares, however large or small, to double precision.
-/// `finite` is false once any merged part was not finite; `sum` then holds NaN (a NaN was seen) or +inf.
+/// Merging keeps the larger exponent and rescales the other sum by 2^(p * difference) (an exact power of
+/// two for integer p), so a partial norm represents every finite sum, however large or small, to double
+/// precision. `finite` is false once any merged part was not finite; `sum` then holds NaN (a NaN was seen)
+/// or +inf. Parts merge only with parts of the same p; merging different ones gives a NaN part.
 ///
-/// Distributed jobs reduce one part per rank with two all-reduces that any collective library offers
-/// (MPI, NCCL, Gloo, torch.distributed), because no rank can merge before it knows the common scale:
+/// Distributed jobs can reduce one L1 or L2 part per rank with two all-reduces that any collective
+/// library offers (MPI, NCCL, Gloo, torch.distributed), because no rank can merge before it knows the
+/// common scale:
 ///
 ///     gradclip::partial_norm local = gradclip::partial_global_norm(my_shards);
 ///     int e = local.reduction_exponent();    // all-reduce MAX over ranks (int32)
 ///     double s = local.reduction_sum(e);      // all-reduce SUM over ranks (float64)
 ///     gradclip::partial_norm total = gradclip::partial_norm::from_reduction(e, s);
 ///
-/// Every rescaled sum lies in [0, 4), so the SUM can neither overflow nor lose a significant part, and a
+/// Every rescaled sum lies in [0, 2^p), so the SUM can neither overflow nor lose a significant part, and a
 /// non-finite rank contributes NaN or +inf, which the SUM carries to every rank. A floating-point SUM
 /// rounds in whatever order the library adds, which MPI does not promise is the same on every rank;
 /// `reduction_exact_sum` is the same contribution as integers, whose SUM (int64) is exact and so
-/// bit-identical on every rank whatever the order.
+/// bit-identical on every rank whatever the order. The maximum norm reduces with one MAX instead (see
+/// gradclip::mpi), other p by gathering the parts and merging them in a fixed order.
 struct partial_norm {
   int exponent = 0;
   double sum = 0.0;
   bool finite = true;
+  double p = 2.0;  ///< which norm this is a part of: > 0, or +inf for the maximum
 
   /// The exponent a zero or non-finite part contributes to the all-reduce MAX: it constrains nothing.
   static constexpr int no_exponent = std::numeric_limits<int>::min();
 
-  /// Adds another part. Commutative bit for bit; for three parts or more, each merge rounds `sum` once.
+  /// A part that saw a NaN (when `witness` is NaN) or an infinity.
+  static partial_norm nonfinite(double witness, double order = 2.0) noexcept {
+    return {0, std::isnan(witness) ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity(),
+            false, order};
+  }
+
+  /// Adds another part of the same norm. Commutative bit for bit; for three parts or more, each merge
+  /// rounds `sum` once.
   void merge(const partial_norm& other) noexcept {
-    if (!finite || !other.finite) {
-      const bool saw_nan = std::isnan(sum) || std::isnan(other.sum);
-      *this = {0, saw_nan ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity(), false};
+    if (!finite || !other.finite || !(other.p == p)) {
+      const bool saw_nan = std::isnan(sum) || std::isnan(other.sum) || !(other.p == p);
+      *this = nonfinite(saw_nan ? std::numeric_limits<double>::quiet_NaN() : sum, p);
       return;
     }
     if (other.sum == 0.0) return;
     const partial_norm before = *this;
     add(other);
-    // Parts built without scaling (sum * 4^0 near double's maximum) can overflow together; normalized
-    // parts cannot. Checked after the fact so that the common path costs one comparison.
+    // Parts built without scaling (near double's maximum) can overflow together; normalized parts cannot.
+    // Checked after the fact so that the common path costs one comparison.
     if (std::isinf(sum)) {
       *this = before.normalized();
       add(other.normalized());
     }
   }
 
-  /// The L2 norm: +inf when it exceeds double's range although every element was finite,
-  /// NaN or +inf when `!finite`.
-  double norm() const noexcept {
-    if (!finite) return sum;
-    return std::ldexp(std::sqrt(sum), exponent);
+  /// The norm as mantissa * 2^exponent: exists even where the norm exceeds double's range. Not finite
+  /// when `!finite`.
+  detail::scaled norm_scaled() const noexcept {
+    if (!finite) return {sum, 0};
+    if (sum == 0.0) return {};
+    if (p == 2.0) return detail::scaled{std::sqrt(sum), exponent}.normalized();
+    if (p == 1.0 || std::isinf(p)) return detail::scaled{sum, exponent}.normalized();
+    // sum^(1/p) = 2^(k/p) * (sum * 2^-k)^(1/p) with k the binary exponent of sum: no overflow for any p.
+    const int k = std::ilogb(sum);
+    const double whole = std::floor(k / p);
+    const double root = std::pow(std::ldexp(sum, -k), 1.0 / p) * std::exp2(k / p - whole);
+    return detail::scaled{root, exponent + static_cast<int>(std::max(std::min(whole, 1e6), -1e6))}.normalized();
   }
 
-  /// `sum` expressed at a scale 2^target >= 2^exponent (exact unless it underflows, when it is negligible).
+  /// The norm: +inf when it exceeds double's range although every element was finite, NaN or +inf when
+  /// `!finite`.
+  double norm() const noexcept { return norm_scaled().value(); }
+
+  /// `sum` expressed at a scale 2^target >= 2^exponent: exact for integer p unless it underflows, when it
+  /// is negligible; one rounding of the factor 2^(p * shift) otherwise.
   double scaled_sum_at(int target) const noexcept {
-    const long shift = 2L * (static_cast<long>(exponent) - target);  // <= 0
-    return std::ldexp(sum, static_cast<int>(shift < -4000L ? -4000L : shift));
+    if (sum == 0.0) return 0.0;  // an empty part at any scale (0 * 2^huge would be NaN)
+    const double shift = static_cast<double>(exponent) - static_cast<double>(target);  // <= 0
+    const double power = std::isinf(p) ? shift : p * shift;
+    if (power < -4000.0) return 0.0;
+    if (power == std::floor(power)) return std::ldexp(sum, static_cast<int>(power));
+    return sum * std::exp2(power);
   }
 
-  /// The same value with `sum` in [1, 4) (exactly: only the exponent moves). Zero parts become {} and
-  /// non-finite parts are returned unchanged.
+  /// The same value with `sum` in [1, 2^p) ([1, 2) for the maximum; only the exponent moves, exactly for
+  /// integer p). Zero parts become empty parts and non-finite parts are returned unchanged.
   partial_norm normalized() const noexcept {
     if (!finite) return *this;
-    if (sum == 0.0) return {};
-    const int k = std::ilogb(sum);                     // sum in [2^k, 2^(k+1))
-    const int half = k >= 0 ? k / 2 : -((1 - k) / 2);  // floor(k / 2)
-    return {exponent + half, std::ldexp(sum, -2 * half), true};
+    if (sum == 0.0) return {0, 0.0, true, p};
+    const int k = std::ilogb(sum);  // sum in [2^k, 2^(k+1))
+    const double unit = std::isinf(p) ? 1.0 : p;
+    const int shift = static_cast<int>(std::floor(k / unit));
+    partial_norm n{exponent + shift, 0.0, true, p};
+    n.sum = partial_norm{exponent, sum, true, p}.scaled_sum_at(exponent + shift);
+    if (n.sum < 1.0) {  // k / p rounded up to a whole number (non-integer p): one step down
+      n.exponent -= 1;
+      n.sum = partial_norm{exponent, sum, true, p}.scaled_sum_at(n.exponent);
+    }
+    return n;
   }
 
   /// This part's contribution to the all-reduce MAX: the exponent of normalized(), or no_exponent.
   int reduction_exponent() const noexcept { return finite && sum != 0.0 ? normalized().exponent : no_exponent; }
 
   /// This part's contribution to the all-reduce SUM, given `max_exponent`, the result of the MAX: the
-  /// normalized sum rescaled to that exponent, in [0, 4); NaN or +inf for a non-finite part.
+  /// normalized sum rescaled to that exponent, in [0, 2^p); NaN or +inf for a non-finite part.
   double reduction_sum(int max_exponent) const noexcept {
     if (!finite) return sum;
     if (sum == 0.0) return 0.0;
@@ -90,14 +132,14 @@ struct partial_norm {
   }
 
   /// The reduced part from the results of the two all-reduces (on every rank the same).
-  static partial_norm from_reduction(int max_exponent, double summed) noexcept {
-    if (!std::isfinite(summed)) return {0, summed, false};
-    if (max_exponent == no_exponent || summed == 0.0) return {};
-    return {max_exponent, summed, true};
+  static partial_norm from_reduction(int max_exponent, double summed, double order = 2.0) noexcept {
+    if (!std::isfinite(summed)) return {0, summed, false, order};
+    if (max_exponent == no_exponent || summed == 0.0) return {0, 0.0, true, order};
+    return {max_exponent, summed, true, order};
   }
 
-  /// reduction_sum as integers for an all-reduce SUM over int64: counts of NaN and of +inf parts, then
-  /// the rescaled sum in fixed point, 32 bits per limb from 2^1 down to 2^-94. Integer sums are exact, so
+  /// reduction_sum as integers for an all-reduce SUM over int64 (for p <= 2): counts of NaN and of +inf
+  /// parts, then the rescaled sum in fixed point, 32 bits per limb from 2^1 down to 2^-94. Integer sums are exact, so
   /// the result does not depend on the order of the reduction; only bits below 2^-94 of the largest
   /// part's scale are lost (rounded, per part), far below one rounding of the total. Up to 2^30 parts.
   using exact_sum = std::array<std::int64_t, 5>;
@@ -117,17 +159,17 @@ struct partial_norm {
 
   /// The reduced part from the MAX of reduction_exponent and the SUM of reduction_exact_sum, correctly
   /// rounded to double from the exact integer total.
-  static partial_norm from_reduction(int max_exponent, const exact_sum& summed) noexcept {
-    if (summed[0] > 0) return {0, std::numeric_limits<double>::quiet_NaN(), false};
-    if (summed[1] > 0) return {0, std::numeric_limits<double>::infinity(), false};
-    if (max_exponent == no_exponent) return {};
+  static partial_norm from_reduction(int max_exponent, const exact_sum& summed, double order = 2.0) noexcept {
+    if (summed[0] > 0) return nonfinite(std::numeric_limits<double>::quiet_NaN(), order);
+    if (summed[1] > 0) return nonfinite(std::numeric_limits<double>::infinity(), order);
+    if (max_exponent == no_exponent) return {0, 0.0, true, order};
     // Carry the limbs into one 128-bit integer hi:lo, worth (hi * 2^64 + lo) * 2^-94.
     constexpr std::uint64_t low32 = 0xffffffffu;
     std::uint64_t l2 = static_cast<std::uint64_t>(summed[4]);
     std::uint64_t l1 = static_cast<std::uint64_t>(summed[3]) + (l2 >> 32);
     std::uint64_t hi = static_cast<std::uint64_t>(summed[2]) + (l1 >> 32);
     std::uint64_t lo = ((l1 & low32) << 32) | (l2 & low32);
-    if (hi == 0) return from_reduction(max_exponent, std::ldexp(static_cast<double>(lo), -94));
+    if (hi == 0) return from_reduction(max_exponent, std::ldexp(static_cast<double>(lo), -94), order);
     int shift = 0;
     for (; (hi >> 63) == 0; ++shift) {
       hi = (hi << 1) | (lo >> 63);
@@ -135,17 +177,16 @@ struct partial_norm {
     }
     // The 64 leading bits with the rest folded into a sticky bit: converting them rounds correctly.
     const double top = static_cast<double>(hi | (lo != 0 ? 1u : 0u));
-    return from_reduction(max_exponent, std::ldexp(top, 64 - 94 - shift));
+    return from_reduction(max_exponent, std::ldexp(top, 64 - 94 - shift), order);
   }
 
  private:
   void add(const partial_norm& other) noexcept {
-    if (sum == 0.0 || other.exponent > exponent) {
-      sum = other.sum + scaled_sum_at(other.exponent);
-      exponent = other.exponent;
-    } else {
-      sum += other.scaled_sum_at(exponent);
-    }
+    const bool rescale_mine = sum == 0.0 || other.exponent > exponent;
+    const double mine = rescale_mine ? scaled_sum_at(other.exponent) : sum;
+    const double theirs = rescale_mine ? other.sum : other.scaled_sum_at(exponent);
+    if (rescale_mine) exponent = other.exponent;
+    sum = std::isinf(p) ? std::max(mine, theirs) : mine + theirs;
   }
 };
 

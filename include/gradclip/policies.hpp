@@ -1,5 +1,14 @@
-// Policies: how a norm is accumulated. Empty tag types, passed as the first template argument.
+// Policies: how the L2 norm's sum of squares is accumulated and how the coefficient is applied. Empty tag
+// types, passed as the first template argument; each is one row of the traits table below, so adding a
+// policy touches this file only.
+//
+// The policy applies to the L2 norm. The L1, max and other p-norms (options::norm) are computed the same
+// way under every policy: |x| or |x|^p of each element in FP64 per block of 1024, each block scaled by a
+// power of two near its largest magnitude, so they never overflow or underflow; the coefficient is then
+// applied with the policy's scaling.
 #pragma once
+
+#include <type_traits>
 
 namespace gradclip {
 
@@ -7,18 +16,85 @@ namespace gradclip {
 /// Reproduces the FP16 overflow bug on purpose; for tests and benchmarks only.
 struct naive {};
 
-/// FP16/BF16 promoted to FP32 before squaring (PyTorch's approach): squares and block sums in FP32
-/// (FP64 for FP64 input), block totals in FP64; coefficient and scaling in FP32. Overflows once a
-/// square or a block sum exceeds FP32's range (e.g. FP32 `[1e20, 1e20]`).
+/// FP16/BF16 promoted to FP32 before squaring (PyTorch's approach): FP32 squares in chains of 8 per lane
+/// carried into FP64 (FP64 throughout for FP64 input); the coefficient rounded to FP32 (FP64) and applied
+/// in that type. Overflows once a square or a chain exceeds FP32's range (e.g. FP32 `[1e20, 1e20]`).
 struct promote {};
 
-/// Max scaling: every block of elements is divided by a power of two at least its largest magnitude
-/// before squaring, in FP32 (FP64 for FP64 input), and the scaled sums are merged. Never overflows or
-/// underflows for finite input; FP32 accumulation limits the accuracy for very long gradients.
+/// Max scaling: as promote, but a block of 1024 elements whose largest magnitude lies outside the range
+/// where squares are safe is divided by a power of two near that magnitude before squaring, and the
+/// scaled sums are merged. Never overflows or underflows for finite input.
 struct max_scale {};
 
-/// The default: squares and sums in FP64 with max scaling where FP64's range needs it (only FP64
-/// input). Overflow- and underflow-free for every finite input, accurate to about 1e-15 relative.
+/// The default. FP16/BF16: exact FP32 squares in chains of 8, carried into FP64, BF16 blocks max-scaled
+/// where FP32's range needs it (relative error at most 4 * 2^-24). FP32/FP64: squares and sums in FP64,
+/// max-scaled blocks where FP64's range needs it (FP64 input only; about 1e-15 relative). Overflow- and
+/// underflow-free for every finite input; the coefficient is applied in FP64 and rounded once.
 struct robust {};
 
+namespace detail {
+
+/// How the coefficient is applied: rounded to the element type and multiplied in its arithmetic
+/// (`element`), rounded to FP32, or FP64 for FP64 input (`promoted`), or kept in FP64 so that the rounding
+/// to the element type is the only one that matters (`exact`).
+enum class scaling { element, promoted, exact };
+
+// FP64 for FP64 input, FP32 otherwise: the "promote" rule.
+template <class T>
+using promoted_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// FP32 squares of FP16 and BF16 elements are exact; FP32 and FP64 elements square in FP64.
+template <class T>
+using robust_t = std::conditional_t<sizeof(T) == 2, float, double>;
+
+/// The traits table: one row per policy. `accumulator<T>` is the type squares are summed in;
+/// `sequential` sums one element after the other in it (no lanes, no FP64 carry); `max_scales` rescales
+/// blocks whose range needs it. Declared only, so a type without a row is not a policy.
+template <class Policy>
+struct policy_traits;
+
+template <>
+struct policy_traits<naive> {
+  template <class T>
+  using accumulator = T;
+  static constexpr bool sequential = true;
+  static constexpr bool max_scales = false;
+  static constexpr scaling scale = scaling::element;
+};
+
+template <>
+struct policy_traits<promote> {
+  template <class T>
+  using accumulator = promoted_t<T>;
+  static constexpr bool sequential = false;
+  static constexpr bool max_scales = false;
+  static constexpr scaling scale = scaling::promoted;
+};
+
+template <>
+struct policy_traits<max_scale> {
+  template <class T>
+  using accumulator = promoted_t<T>;
+  static constexpr bool sequential = false;
+  static constexpr bool max_scales = true;
+  static constexpr scaling scale = scaling::exact;
+};
+
+template <>
+struct policy_traits<robust> {
+  template <class T>
+  using accumulator = robust_t<T>;
+  static constexpr bool sequential = false;
+  static constexpr bool max_scales = true;
+  static constexpr scaling scale = scaling::exact;
+};
+
+template <class Policy, class = void>
+struct is_policy : std::false_type {};
+template <class Policy>
+struct is_policy<Policy, std::void_t<decltype(policy_traits<Policy>::max_scales)>> : std::true_type {};
+template <class Policy>
+inline constexpr bool is_policy_v = is_policy<Policy>::value;
+
+}  // namespace detail
 }  // namespace gradclip

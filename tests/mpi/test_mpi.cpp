@@ -7,7 +7,7 @@
 #include <gradclip/gradclip.hpp>
 #include <gradclip/mpi.hpp>
 
-#include "reference.hpp"
+#include "element_types.hpp"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -119,10 +119,10 @@ void expect_matches_single_process(const sharded_group<T>& group, double max_nor
   const int rank = rank_of();
   auto reference = group.members;
   const auto expected = gradclip::clip_by_global_norm<Policy>(reference, max_norm, opt);
-  const double expected_norm = gradclip::global_norm<Policy>(group.members);
+  const double expected_norm = gradclip::global_norm<Policy>(group.members, opt);
 
   auto mine = group.local(rank);
-  const double norm = gradclip::mpi::global_norm<Policy>(MPI_COMM_WORLD, mine);
+  const double norm = gradclip::mpi::global_norm<Policy>(MPI_COMM_WORLD, mine, opt);
   const auto result = gradclip::mpi::clip_by_global_norm<Policy>(MPI_COMM_WORLD, mine, max_norm, opt);
 
   EXPECT_TRUE(same_on_every_rank(result));
@@ -144,8 +144,8 @@ void expect_matches_single_process(const sharded_group<T>& group, double max_nor
   // or (FP64, whose coefficient takes a few roundings of its own) no further from it than on one process.
   const double coefficient_difference = std::abs(result.coefficient / expected.coefficient - 1);
   const auto allowed = 1 + static_cast<std::int64_t>(2 * coefficient_difference / epsilon_of<T>());
-  const bool check_exact =
-      std::is_same_v<Policy, gradclip::robust> && result.clipped && result.finite && opt.epsilon == 0;
+  const bool check_exact = std::is_same_v<Policy, gradclip::robust> && result.clipped && result.finite &&
+                           opt.epsilon == 0 && opt.norm == gradclip::l2_norm;
   const quad exact_coefficient = check_exact ? quad(max_norm) / exact_norm(group.concatenation()) : quad(1);
   std::size_t k = 0;
   std::int64_t worst = 0;
@@ -169,7 +169,6 @@ void expect_matches_single_process(const sharded_group<T>& group, double max_nor
 
 template <class T>
 class MpiTyped : public ::testing::Test {};
-using element_types = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
 TYPED_TEST_SUITE(MpiTyped, element_types);
 
 TYPED_TEST(MpiTyped, RandomShardsMatchTheSingleProcessClip) {
@@ -189,6 +188,25 @@ TYPED_TEST(MpiTyped, RandomShardsMatchTheSingleProcessClip) {
     const double distributed = gradclip::mpi::global_norm(MPI_COMM_WORLD, mine);
     const auto all = group.concatenation();
     EXPECT_LE(relative_error(distributed, exact_norm(all)), robust_norm_bound<T>());
+  }
+}
+
+// The matrix test's MPI column: every norm on 1-4 ranks, against binary128 and one process.
+TYPED_TEST(MpiTyped, EveryNormMatchesTheExactNormAndOneProcess) {
+  using T = TypeParam;
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", " + type_name<T>() + ", " + std::to_string(size_of()) + " ranks");
+  std::mt19937_64 rng(seed + 102);
+  const auto group = random_group<T>(rng, size_of(), 4);
+  std::vector<quad> truth;
+  for (const auto x : group.concatenation()) truth.push_back(to_quad(x));
+  for (const double p : {1.0, 2.0, 3.0, std::numeric_limits<double>::infinity()}) {
+    const gradclip::options opt{gradclip::on_nonfinite::skip, 0.0, gradclip::norm_type{p}};
+    auto mine = group.local(rank_of());
+    const double distributed = gradclip::mpi::global_norm(MPI_COMM_WORLD, mine, opt);
+    EXPECT_TRUE(same_on_every_rank(distributed));
+    EXPECT_LE(relative_error(distributed, exact_p_norm(truth, p)), p == 2.0 ? robust_norm_bound<T>() : 1e-12)
+        << "p = " << p;
+    expect_matches_single_process(group, distributed / 3, opt);
   }
 }
 
@@ -337,8 +355,10 @@ TEST(Mpi, BadArgumentsOnOneRankThrowOnEveryRank) {
   } catch (const std::invalid_argument& e) {
     message = e.what();
   }
+  // Every rank's message names the offending rank; its own also says what is wrong.
   const bool named = message.rfind("gradclip::mpi::clip_by_global_norm: ", 0) == 0 &&
-                     message.find(rank_of() == last ? "max_norm" : "rank " + std::to_string(last)) != std::string::npos;
+                     message.find("rank " + std::to_string(last)) != std::string::npos &&
+                     (rank_of() != last || message.find("max_norm") != std::string::npos);
   EXPECT_TRUE(on_every_rank(named)) << message;
   EXPECT_EQ(mine[0][0], 3.0f);
 

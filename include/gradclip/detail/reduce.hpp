@@ -1,7 +1,10 @@
-// Sum-of-squares kernels on raw contiguous buffers, one per policy, each returning a partial_norm.
+// Reduction kernels on raw contiguous buffers: the L2 sum of squares by the policy's row of the traits
+// table, and every other p-norm by the p-norm kernels, each returning a partial_norm.
 #pragma once
 
 #include <gradclip/detail/element.hpp>
+#include <gradclip/detail/p_norm_kernels.hpp>
+#include <gradclip/detail/scaled.hpp>
 #include <gradclip/detail/simd.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/policies.hpp>
@@ -13,16 +16,6 @@
 #include <type_traits>
 
 namespace gradclip::detail {
-
-// FP64 accumulation for FP64 input, FP32 otherwise: the "promote" rule.
-template <class T>
-using promoted_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-template <class Acc>
-inline partial_norm nonfinite_part(Acc sum) noexcept {
-  return {0, std::isnan(sum) ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity(),
-          false};
-}
 
 // Block maxima inside [2^-range, 2^range] are summed unscaled: a block of squares can then neither
 // overflow nor lose more than a negligible 2^-40 relative to underflow. Others are rescaled.
@@ -43,12 +36,10 @@ template <class Acc, class T>
 inline partial_norm rescaled_block(const T* block, std::size_t m) noexcept {
   Acc max = 0;
   const double sum = portable::sum_squares<Acc>(block, m, Acc(1), &max);
-  if (std::isnan(sum) || std::isinf(max)) return nonfinite_part(sum);
+  if (std::isnan(sum) || std::isinf(max)) return partial_norm::nonfinite(sum);
   if (max == Acc(0)) return {};
   const int e = std::ilogb(max) + 1;  // max * 2^-e lies in [0.5, 1)
-  // 2^-e in two factors, each a normal number of Acc (2^-e alone may not be representable).
-  const Acc first = std::ldexp(Acc(1), -e / 2);
-  const Acc second = std::ldexp(Acc(1), -e - (-e / 2));
+  const auto [first, second] = power_of_two_factors<Acc>(-e);
   if (first == Acc(1)) return {e, portable::sum_squares<Acc>(block, m, second), true};
   // Apply the first factor through a small buffer so the kernel still takes one scale.
   Acc buffer[block_size];
@@ -58,16 +49,17 @@ inline partial_norm rescaled_block(const T* block, std::size_t m) noexcept {
 
 /// A total of unscaled block sums as a partial_norm (not finite once a block sum overflowed or saw NaN).
 inline partial_norm unscaled_part(double total) noexcept {
-  return std::isfinite(total) ? partial_norm{0, total, true} : nonfinite_part(total);
+  return std::isfinite(total) ? partial_norm{0, total, true} : partial_norm::nonfinite(total);
 }
 
-/// Max scaling in one read pass: each block is summed unscaled when its maximum is in the safe range
-/// (the vector kernel's common case), else rescaled by rescaled_block; the parts merge as partial_norms.
-template <class Acc, class T>
-inline partial_norm scaled_sum_squares(const T* p, std::size_t n) noexcept {
+/// The sum of squares in Acc, blocks totalled in FP64. With MaxScales, in one read pass: each block is
+/// summed unscaled when its maximum is in the safe range (the vector kernel's common case), else
+/// rescaled by rescaled_block, and the parts merge; without, squares overflow as Acc does.
+template <class Acc, bool MaxScales, class T>
+inline partial_norm sum_squares(const T* p, std::size_t n) noexcept {
   const isa target = best_isa();
   std::size_t done = 0;
-  if constexpr (fits_without_scaling<T, Acc>) {
+  if constexpr (!MaxScales || fits_without_scaling<T, Acc>) {
     return unscaled_part(block_sums<Acc, false>(target, p, n, Acc(0), Acc(0), done));
   } else {
     // Blocks whose maximum has an exponent e (max in [2^(e-1), 2^e)) with |e| <= range.
@@ -88,60 +80,26 @@ inline partial_norm scaled_sum_squares(const T* p, std::size_t n) noexcept {
   }
 }
 
-/// The squares of each block summed in Acc (overflowing as Acc does), block sums totalled in FP64.
-template <class Acc, class T>
-inline partial_norm unscaled_sum_squares(const T* p, std::size_t n) noexcept {
-  std::size_t done = 0;
-  const double total = block_sums<Acc, false>(best_isa(), p, n, Acc(0), Acc(0), done);
-  return {0, total, static_cast<bool>(std::isfinite(total))};
+/// Sequentially, in the element type itself: exactly what g.square().sum() does in FP16.
+template <class T>
+inline partial_norm sequential_sum_squares(const T* p, std::size_t n) noexcept {
+  T sum(0);
+  for (std::size_t i = 0; i < n; ++i) sum += p[i] * p[i];
+  return unscaled_part(static_cast<double>(sum));
 }
 
-template <class Policy>
-struct reduce_kernel;
-
-template <>
-struct reduce_kernel<naive> {
-  // Sequential, in the element type itself: exactly what g.square().sum() does in FP16.
-  template <class T>
-  static partial_norm run(const T* p, std::size_t n) noexcept {
-    T sum(0);
-    for (std::size_t i = 0; i < n; ++i) sum += p[i] * p[i];
-    const double s = static_cast<double>(sum);
-    return {0, s, static_cast<bool>(std::isfinite(s))};
-  }
-};
-
-template <>
-struct reduce_kernel<promote> {
-  template <class T>
-  static partial_norm run(const T* p, std::size_t n) noexcept {
-    return unscaled_sum_squares<promoted_t<T>>(p, n);
-  }
-};
-
-template <>
-struct reduce_kernel<max_scale> {
-  template <class T>
-  static partial_norm run(const T* p, std::size_t n) noexcept {
-    return scaled_sum_squares<promoted_t<T>>(p, n);
-  }
-};
-
-// FP32 squares of FP16 and BF16 elements are exact, so robust keeps them in FP32 chains (carried into
-// FP64, see portable::chain) at promote's speed; FP32 and FP64 elements square and sum in FP64.
-template <class T>
-using robust_t = std::conditional_t<sizeof(T) == 2, float, double>;
-
-template <>
-struct reduce_kernel<robust> {
-  template <class T>
-  static partial_norm run(const T* p, std::size_t n) noexcept {
-    return scaled_sum_squares<robust_t<T>>(p, n);
-  }
-};
-
-template <class Policy>
-inline constexpr bool is_policy_v = std::is_same_v<Policy, naive> || std::is_same_v<Policy, promote> ||
-                                    std::is_same_v<Policy, max_scale> || std::is_same_v<Policy, robust>;
+/// The partial norm of a contiguous run: the policy's sum of squares for p = 2, the p-norm kernels
+/// (the same under every policy) for other p.
+template <class Policy, class T>
+inline partial_norm reduce_run(const T* p, std::size_t n, double order) noexcept {
+  static_assert(is_policy_v<Policy>, "The policy must be a row of gradclip::detail::policy_traits.");
+  using traits = policy_traits<Policy>;
+  using element = std::remove_const_t<T>;
+  if (order != 2.0) return power_sum_kernel(p, n, order);
+  if constexpr (traits::sequential)
+    return sequential_sum_squares(p, n);
+  else
+    return sum_squares<typename traits::template accumulator<element>, traits::max_scales>(p, n);
+}
 
 }  // namespace gradclip::detail

@@ -1,6 +1,7 @@
-// The two memory-bound kernels every policy is built from (blocked sums of squares, in-place scaling),
-// in a portable version and, on x86-64 with GCC or Clang, AVX2/F16C/FMA and AVX-512 versions chosen
-// once at run time, so a build without -march still runs at memory speed.
+// The memory-bound kernels every norm and clip is built from (blocked sums of squares, the p-norm
+// loops, in-place scaling and division), in a portable version and, on x86-64 with GCC or Clang,
+// AVX2/F16C and AVX-512 versions (without FMA) chosen once at run time, so a build without -march still
+// runs at memory speed.
 #pragma once
 
 #include <gradclip/detail/element.hpp>
@@ -9,7 +10,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <type_traits>
+#include <utility>
 
 #if !defined(GRADCLIP_NO_SIMD) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define GRADCLIP_X86_DISPATCH 1
@@ -120,7 +124,108 @@ void multiply(T* p, std::size_t n, Compute c) noexcept {
   for (std::size_t i = 0; i < n; ++i) p[i] = narrow<T>(widen<Compute>(p[i]) * c);
 }
 
+/// p[i] <- p[i] / s, the quotient computed in FP64 and rounded once to T (narrow<T>: FP16 and BF16
+/// through FP32). That is the correctly rounded quotient whenever s is representable in T (FP64 holds
+/// more than 2 * 24 + 2 bits, FP32 2 * 11 + 2, so neither rounding can cross a midpoint).
+template <class T>
+void divide(T* p, std::size_t n, double s) noexcept {
+  for (std::size_t i = 0; i < n; ++i) p[i] = narrow<T>(widen<double>(p[i]) / s);
+}
+
 }  // namespace portable
+
+/// How a block's terms are computed: (|x| 2^-E)^3 or ^4 by products, or 2^(p (log2 |x| - E)) by the
+/// polynomials below for any p.
+enum class power_kind { cube, fourth, general };
+
+/// What the terms of a run at scale 2^E need, computed once per scale.
+struct power_scale {
+  double order;   // p
+  double unit;    // 2^-E (products only: a normal double)
+  double offset;  // 1023 + E: a biased exponent field minus offset is log2 |x|'s integer part minus E
+};
+
+// The p-norm loops on one FP64 value at a time: the portable version, and the reference the vector
+// versions match bit for bit (so never contracted into FMA either).
+#if defined(__clang__)
+#pragma float_control(push)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+namespace scalar {
+
+struct f64 {
+  using vec = double;
+  using mask = bool;
+  static constexpr std::size_t width = 1;
+  static vec zero() noexcept { return 0.0; }
+  static vec set1(double x) noexcept { return x; }
+  static vec broadcast(double x) noexcept { return x; }
+  static double lane(vec v) noexcept { return v; }
+  template <class T>
+  static vec load(const T* p) noexcept {
+    return widen<double>(*p);
+  }
+  static void store(double* p, vec v) noexcept { *p = v; }
+  static vec add(vec a, vec b) noexcept { return a + b; }
+  static vec sub(vec a, vec b) noexcept { return a - b; }
+  static vec mul(vec a, vec b) noexcept { return a * b; }
+  static vec div(vec a, vec b) noexcept { return a / b; }
+  static vec abs(vec v) noexcept { return std::abs(v); }
+  static vec max(vec a, vec b) noexcept { return a > b ? a : b; }  // b where a is NaN, like maxpd
+  static double max_lane(vec v) noexcept { return v; }
+  static mask less(vec a, vec b) noexcept { return a < b; }
+  static vec select(mask m, vec a, vec b) noexcept { return m ? b : a; }
+  static vec keep(mask m, vec v) noexcept { return m ? v : 0.0; }
+  static std::uint64_t bits(vec v) noexcept {
+    std::uint64_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+  }
+  static vec from_bits(std::uint64_t b) noexcept {
+    vec v;
+    std::memcpy(&v, &b, sizeof v);
+    return v;
+  }
+  /// The biased exponent field of v >= 0, as a double.
+  static vec exponent_field(vec v) noexcept { return static_cast<double>(bits(v) >> 52); }
+  /// The significand of a positive normal v, in [1, 2).
+  static vec significand(vec v) noexcept { return from_bits((bits(v) & 0x000fffffffffffffu) | 0x3ff0000000000000u); }
+  /// 2^n for t = n + 1.5 * 2^52 (n an integer in [-1022, 1023], kept in t's low bits).
+  static vec power_of_two(vec t) noexcept { return from_bits((bits(t) + 1023) << 52); }
+};
+
+struct ints {
+  template <class Bits>
+  static constexpr std::size_t width = 1;
+  using vec = std::uint32_t;
+  static vec zero() noexcept { return 0; }
+  template <class T>
+  static vec load(const T* p) noexcept {
+    std::conditional_t<sizeof(T) == 2, std::uint16_t, std::uint32_t> b;
+    std::memcpy(&b, p, sizeof b);
+    return b;
+  }
+  template <class Bits>
+  static vec max_magnitude(vec top, vec b) noexcept {
+    return std::max<vec>(top, b & (std::numeric_limits<Bits>::max() >> 1));
+  }
+  template <class Bits>
+  static Bits max_lane(vec v) noexcept {
+    return static_cast<Bits>(v);
+  }
+};
+
+#include <gradclip/detail/p_norm_loops.inc>
+
+}  // namespace scalar
+#if defined(__clang__)
+#pragma float_control(pop)
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
 
 /// The instruction sets gradclip has kernels for, each a superset of the one before.
 enum class isa { portable, avx2, avx512 };
@@ -144,13 +249,14 @@ inline bool isa_supported(isa target) noexcept {
   return target == isa::portable;
 }
 
-/// The widest supported instruction set, detected once.
-inline isa best_isa() noexcept {
-  static const isa best = isa_supported(isa::avx512) ? isa::avx512
-                          : isa_supported(isa::avx2) ? isa::avx2
-                                                     : isa::portable;
-  return best;
-}
+/// The widest supported instruction set, detected once at start-up. A namespace-scope variable, so
+/// reading it costs no guard; code that runs before it is initialized reads isa::portable, which is
+/// always correct.
+inline const isa detected_isa = isa_supported(isa::avx512) ? isa::avx512
+                                : isa_supported(isa::avx2) ? isa::avx2
+                                                           : isa::portable;
+
+inline isa best_isa() noexcept { return detected_isa; }
 
 #if GRADCLIP_X86_DISPATCH
 
@@ -238,8 +344,56 @@ struct f64 {
     const __m128d s = _mm_max_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
     return _mm_cvtsd_f64(_mm_max_sd(s, _mm_unpackhi_pd(s, s)));
   }
+  // For the p-norm loops and divide (see scalar::f64).
+  using mask = __m256d;
+  static vec broadcast(double x) noexcept { return _mm256_set1_pd(x); }
+  static double lane(vec v) noexcept { return _mm256_cvtsd_f64(v); }
+  static vec sub(vec a, vec b) noexcept { return _mm256_sub_pd(a, b); }
+  static vec div(vec a, vec b) noexcept { return _mm256_div_pd(a, b); }
+  static mask less(vec a, vec b) noexcept { return _mm256_cmp_pd(a, b, _CMP_LT_OQ); }
+  static vec select(mask m, vec a, vec b) noexcept { return _mm256_blendv_pd(a, b, m); }
+  static vec keep(mask m, vec v) noexcept { return _mm256_and_pd(m, v); }
+  static vec exponent_field(vec v) noexcept {  // the field in the low bits of 2^52 + field, then 2^52 off
+    const __m256i field = _mm256_srli_epi64(_mm256_castpd_si256(v), 52);
+    const __m256i biased = _mm256_or_si256(field, _mm256_set1_epi64x(0x4330000000000000));
+    return _mm256_sub_pd(_mm256_castsi256_pd(biased), _mm256_set1_pd(0x1p52));
+  }
+  static vec significand(vec v) noexcept {
+    const __m256i bits = _mm256_and_si256(_mm256_castpd_si256(v), _mm256_set1_epi64x(0x000fffffffffffff));
+    return _mm256_castsi256_pd(_mm256_or_si256(bits, _mm256_set1_epi64x(0x3ff0000000000000)));
+  }
+  static vec power_of_two(vec t) noexcept {
+    const __m256i biased = _mm256_add_epi64(_mm256_castpd_si256(t), _mm256_set1_epi64x(1023));
+    return _mm256_castsi256_pd(_mm256_slli_epi64(biased, 52));
+  }
+  static f32::vec narrow_pair(vec a, vec b) noexcept {
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(a)), _mm256_cvtpd_ps(b), 1);
+  }
 };
 
+struct ints {
+  using vec = __m256i;
+  template <class Bits>
+  static constexpr std::size_t width = 32 / sizeof(Bits);
+  static vec zero() noexcept { return _mm256_setzero_si256(); }
+  static vec load(const void* p) noexcept { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  // Magnitudes fit in 15 or 31 bits, so the signed maximum works.
+  template <class Bits>
+  static vec max_magnitude(vec top, vec b) noexcept {
+    if constexpr (sizeof(Bits) == 2)
+      return _mm256_max_epi16(top, _mm256_and_si256(b, _mm256_set1_epi16(0x7fff)));
+    else
+      return _mm256_max_epi32(top, _mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)));
+  }
+  template <class Bits>
+  static Bits max_lane(vec v) noexcept {
+    Bits lanes[width<Bits>];
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), v);
+    return *std::max_element(lanes, lanes + width<Bits>);
+  }
+};
+
+#include <gradclip/detail/p_norm_loops.inc>
 #include <gradclip/detail/simd_loops.inc>
 
 }  // namespace avx2
@@ -326,8 +480,56 @@ struct f64 {
   static double max_lane(vec v) noexcept {  // see f32::max_lane
     return avx2::f64::max_lane(_mm256_max_pd(_mm512_castpd512_pd256(v), _mm512_maskz_extractf64x4_pd(0xf, v, 1)));
   }
+  // For the p-norm loops and divide (see scalar::f64).
+  using mask = __mmask8;
+  static vec broadcast(double x) noexcept { return _mm512_set1_pd(x); }
+  static double lane(vec v) noexcept { return _mm512_cvtsd_f64(v); }
+  static vec sub(vec a, vec b) noexcept { return _mm512_sub_pd(a, b); }
+  static vec div(vec a, vec b) noexcept { return _mm512_div_pd(a, b); }
+  static mask less(vec a, vec b) noexcept { return _mm512_cmp_pd_mask(a, b, _CMP_LT_OQ); }
+  static vec select(mask m, vec a, vec b) noexcept { return _mm512_mask_blend_pd(m, a, b); }
+  static vec keep(mask m, vec v) noexcept { return _mm512_maskz_mov_pd(m, v); }
+  static vec exponent_field(vec v) noexcept {  // see avx2::f64
+    const __m512i field = _mm512_maskz_srli_epi64(0xff, _mm512_castpd_si512(v), 52);
+    const __m512i biased = _mm512_or_si512(field, _mm512_set1_epi64(0x4330000000000000));
+    return _mm512_sub_pd(_mm512_castsi512_pd(biased), _mm512_set1_pd(0x1p52));
+  }
+  static vec significand(vec v) noexcept {
+    const __m512i bits = _mm512_and_si512(_mm512_castpd_si512(v), _mm512_set1_epi64(0x000fffffffffffff));
+    return _mm512_castsi512_pd(_mm512_or_si512(bits, _mm512_set1_epi64(0x3ff0000000000000)));
+  }
+  static vec power_of_two(vec t) noexcept {
+    const __m512i biased = _mm512_add_epi64(_mm512_castpd_si512(t), _mm512_set1_epi64(1023));
+    return _mm512_castsi512_pd(_mm512_maskz_slli_epi64(0xff, biased, 52));
+  }
+  static f32::vec narrow_pair(vec a, vec b) noexcept {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_maskz_cvtpd_ps(0xff, a)), _mm512_maskz_cvtpd_ps(0xff, b),
+                              1);
+  }
 };
 
+struct ints {
+  using vec = __m512i;
+  template <class Bits>
+  static constexpr std::size_t width = 64 / sizeof(Bits);
+  static vec zero() noexcept { return _mm512_setzero_si512(); }
+  static vec load(const void* p) noexcept { return _mm512_loadu_si512(p); }
+  template <class Bits>  // see avx2::ints
+  static vec max_magnitude(vec top, vec b) noexcept {
+    if constexpr (sizeof(Bits) == 2)
+      return _mm512_max_epi16(top, _mm512_and_si512(b, _mm512_set1_epi16(0x7fff)));
+    else
+      return _mm512_max_epi32(top, _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)));
+  }
+  template <class Bits>
+  static Bits max_lane(vec v) noexcept {
+    Bits lanes[width<Bits>];
+    _mm512_storeu_si512(lanes, v);
+    return *std::max_element(lanes, lanes + width<Bits>);
+  }
+};
+
+#include <gradclip/detail/p_norm_loops.inc>
 #include <gradclip/detail/simd_loops.inc>
 
 }  // namespace avx512
@@ -361,6 +563,16 @@ void multiply(isa target, T* p, std::size_t n, Compute c) noexcept {
   }
 #endif
   portable::multiply<Compute>(p, n, c);
+}
+
+/// portable::divide on the kernels of `target` (which must be supported).
+template <class T>
+void divide(isa target, T* p, std::size_t n, double s) noexcept {
+#if GRADCLIP_X86_DISPATCH
+  if (target == isa::avx512) return avx512::divide(p, n, s);
+  if (target == isa::avx2) return avx2::divide(p, n, s);
+#endif
+  portable::divide(p, n, s);
 }
 
 }  // namespace gradclip::detail

@@ -1,0 +1,219 @@
+// The p-norm kernels (detail/p_norm_kernels.hpp): every vector version against the scalar one bit for
+// bit, and power_sum_kernel's partial norms against binary128 sums of |x|^p, including scale changes,
+// the ends of each type's range, NaN and Inf anywhere, and small and large p.
+#include <gradclip/detail/p_norm_kernels.hpp>
+#include <gradclip/partial_norm.hpp>
+
+#include "reference.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace gradclip_test;
+using gradclip::partial_norm;
+using gradclip::detail::isa;
+namespace pnorm = gradclip::detail::pnorm;
+
+constexpr double inf = std::numeric_limits<double>::infinity();
+constexpr std::size_t lengths[] = {0, 1, 3, 8, 15, 16, 17, 33, 255, 1023, 1024, 1025, 2047, 3001};
+
+template <class T>
+class PNormKernels : public ::testing::Test {};
+using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
+TYPED_TEST_SUITE(PNormKernels, ElementTypes);
+
+std::vector<isa> vector_isas() {
+  std::vector<isa> result;
+  for (isa target : {isa::avx2, isa::avx512})
+    if (gradclip::detail::isa_supported(target)) result.push_back(target);
+  return result;
+}
+
+std::uint64_t bits_of(double x) {
+  std::uint64_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+/// Values spread over `binades` binades below 1 (and zeros, one in 16), random signs.
+template <class T>
+std::vector<T> spread_values(std::size_t n, std::mt19937_64& rng, int binades) {
+  std::uniform_real_distribution<double> u(1.0, 2.0);
+  std::uniform_int_distribution<int> e(-binades, 0), coin(0, 15);
+  std::vector<T> v(n);
+  for (auto& x : v) {
+    const int c = coin(rng);
+    x = c == 0 ? T(0.0f) : static_cast<T>(std::ldexp(c % 2 ? u(rng) : -u(rng), e(rng)));
+  }
+  return v;
+}
+
+/// 2^e in binary128, exactly.
+quad quad_power_of_two(int e) {
+  quad result = 1, base = e < 0 ? quad(0.5) : quad(2);
+  for (unsigned k = static_cast<unsigned>(e < 0 ? -e : e); k != 0; k >>= 1, base *= base)
+    if (k & 1u) result *= base;
+  return result;
+}
+
+/// a^p in binary128 for the orders below: products and square roots.
+quad quad_power(quad a, double p) {
+  if (p == 0.5) return quad_sqrt(a);
+  if (p == 0.75) return quad_sqrt(a) * quad_sqrt(quad_sqrt(a));
+  if (p == 1.25) return a * quad_sqrt(quad_sqrt(a));
+  if (p == 1.5) return a * quad_sqrt(a);
+  if (p == 2.5) return a * a * quad_sqrt(a);
+  quad result = 1;
+  for (int k = 0; k < static_cast<int>(p); ++k) result *= a;
+  return result;
+}
+const std::vector<double> orders{0.5, 0.75, 1.0, 1.25, 1.5, 2.5, 3.0, 4.0, 7.0};
+
+/// The kernel's part against sum (|x| 2^-E)^p in binary128, E its exponent: the sum is within 1e-13
+/// (so the norm within 2e-13 for p >= 0.5, under the documented 1e-12).
+template <class T>
+void expect_sum_within_bound(const std::vector<T>& g, double p, const std::string& what) {
+  const partial_norm part = gradclip::detail::power_sum_kernel(g.data(), g.size(), p);
+  ASSERT_TRUE(part.finite) << what;
+  EXPECT_EQ(part.p, p);
+  const quad unit = quad_power_of_two(-part.exponent);
+  quad exact = 0;
+  for (const T& x : g) exact += quad_power(quad_abs(to_quad(x)) * unit, p);
+  EXPECT_LE(relative_error(part.sum, exact), 1e-13)
+      << what << " " << type_name<T>() << " p = " << p << " n = " << g.size() << " exponent " << part.exponent;
+}
+
+TYPED_TEST(PNormKernels, VectorLoopsMatchScalarBitForBit) {
+  using T = TypeParam;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const auto data = spread_values<T>(3100, rng, std::is_same_v<T, double> ? 1060 : 30);
+  for (isa target : vector_isas())
+    for (std::size_t n : lengths)
+      for (std::size_t offset : {0, 1, 3}) {
+        SCOPED_TRACE("isa " + std::to_string(static_cast<int>(target)) + " n " + std::to_string(n) + " offset " +
+                     std::to_string(offset));
+        const T* p = data.data() + offset;
+        EXPECT_EQ(bits_of(pnorm::sum_abs(target, p, n)), bits_of(pnorm::sum_abs(isa::portable, p, n)));
+        EXPECT_EQ(bits_of(pnorm::max_abs(target, p, n)), bits_of(pnorm::max_abs(isa::portable, p, n)));
+        for (double order : {0.01, 0.5, 1.5, 3.0, 4.0, 7.3}) {
+          pnorm::power_run run{order};
+          run.set_scale(std::is_same_v<T, double> ? 0.75 : 1.5);
+          const std::size_t m = std::min(n, gradclip::detail::block_size);
+          double top = 0, top_ref = 0;
+          const double sum = run.block(target, p, m, top);
+          const double ref = run.block(isa::portable, p, m, top_ref);
+          EXPECT_EQ(bits_of(sum), bits_of(ref)) << "p = " << order;
+          EXPECT_EQ(top, top_ref);
+        }
+      }
+}
+
+TYPED_TEST(PNormKernels, SumsWithinBoundOfBinary128) {
+  using T = TypeParam;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (std::size_t n : {1u, 17u, 1024u, 3001u, 100000u}) {
+    const auto g = random_gradient<T>(n, rng, 0.01);
+    for (double p : orders) expect_sum_within_bound(g, p, "normal");
+    const auto wide = spread_values<T>(n, rng, std::is_same_v<T, double> ? 1060 : 35);
+    for (double p : orders) expect_sum_within_bound(wide, p, "spread");
+  }
+}
+
+TYPED_TEST(PNormKernels, ScaleChangesAndRangeEnds) {
+  using T = TypeParam;
+  const T max = std::numeric_limits<T>::max(), tiny = std::numeric_limits<T>::denorm_min();
+  const T min_normal = std::numeric_limits<T>::min();
+  std::vector<T> rising(5000);  // each block's maximum above the last: the run changes scale
+  for (std::size_t i = 0; i < rising.size(); ++i)
+    rising[i] = static_cast<T>(std::ldexp(1.0 + static_cast<double>(i % 7) / 8, static_cast<int>(i / 1024) * 3 - 8));
+  std::vector<T> falling(rising.rbegin(), rising.rend());
+  std::vector<T> tiny_then_max(3000, tiny);
+  tiny_then_max.back() = max;
+  const std::vector<std::vector<T>> cases{{max, max},
+                                          {max, -max, max, T(1)},
+                                          {tiny},
+                                          {tiny, tiny, min_normal},
+                                          {max, tiny},
+                                          {T(-0.0f), tiny},
+                                          std::vector<T>(3000, max),
+                                          std::vector<T>(3000, tiny),
+                                          rising,
+                                          falling,
+                                          tiny_then_max};
+  for (const auto& g : cases)
+    for (double p : orders) expect_sum_within_bound(g, p, "case");
+}
+
+TYPED_TEST(PNormKernels, MaximumIsExact) {
+  using T = TypeParam;
+  std::mt19937_64 rng(seed);
+  for (std::size_t n : lengths) {
+    const auto g = spread_values<T>(n, rng, 20);
+    double top = 0;
+    for (const T& x : g) top = std::max(top, std::abs(static_cast<double>(x)));
+    const partial_norm part = gradclip::detail::power_sum_kernel(g.data(), g.size(), inf);
+    EXPECT_TRUE(part.finite);
+    EXPECT_EQ(part.p, inf);
+    EXPECT_EQ(part.norm(), top) << "n = " << n;
+  }
+}
+
+TYPED_TEST(PNormKernels, NanWinsOverInfAnywhere) {
+  using T = TypeParam;
+  const T nan = std::numeric_limits<T>::quiet_NaN(), infinity = std::numeric_limits<T>::infinity();
+  std::mt19937_64 rng(seed);
+  for (std::size_t n : {1u, 17u, 1024u, 3001u})
+    for (std::size_t at : {std::size_t{0}, n / 2, n - 1})
+      for (double p : {0.5, 1.0, 1.5, 3.0, 4.0, inf}) {
+        auto g = random_gradient<T>(n, rng, 1.0);
+        g[at] = infinity;
+        partial_norm part = gradclip::detail::power_sum_kernel(g.data(), n, p);
+        EXPECT_FALSE(part.finite);
+        EXPECT_EQ(part.sum, inf) << "p = " << p << " n = " << n << " at " << at;
+        EXPECT_EQ(part.p, p);
+        g[n - 1 - at] = -nan;
+        part = gradclip::detail::power_sum_kernel(g.data(), n, p);
+        EXPECT_FALSE(part.finite);
+        EXPECT_TRUE(std::isnan(part.sum)) << "p = " << p << " n = " << n << " at " << at;
+      }
+}
+
+TEST(PNormKernelOrders, SmallAndLargeP) {
+  // (1 + 1)^(1/0.01) = 2^100.
+  const std::vector<double> ones(2, 1.0);
+  const partial_norm small = gradclip::detail::power_sum_kernel(ones.data(), ones.size(), 0.01);
+  EXPECT_NEAR(small.norm() / 0x1p100, 1.0, 1e-13);
+  // Large integer p against binary128, with maxima whose mantissa makes the largest term near 2^p.
+  std::mt19937_64 rng(seed);
+  auto g = random_gradient<double>(3000, rng, 1e300);
+  g[5] = 1.99e300;
+  for (double p : {64.0, 100.0, 1000.0, 1500.0}) {
+    const partial_norm part = gradclip::detail::power_sum_kernel(g.data(), g.size(), p);
+    const quad unit = quad_power_of_two(-part.exponent);
+    quad exact = 0;
+    for (double x : g) exact += quad_power(quad_abs(to_quad(x)) * unit, p);
+    EXPECT_LE(relative_error(part.sum, exact), 1e-13) << "p = " << p;
+  }
+}
+
+TEST(PNormKernelOrders, Fp64L1BeyondDoubleRange) {
+  // 3000 values near the maximum: the L1 norm exceeds double's range, the partial norm does not.
+  const std::vector<double> g(3000, 1.5e308);
+  const partial_norm part = gradclip::detail::power_sum_kernel(g.data(), g.size(), 1.0);
+  ASSERT_TRUE(part.finite);
+  const gradclip::detail::scaled norm = part.norm_scaled();
+  EXPECT_NEAR(std::ldexp(norm.mantissa, norm.exponent - 1100) / (3000 * std::ldexp(1.5e308, -1100)), 1.0, 1e-13);
+}
+
+}  // namespace
