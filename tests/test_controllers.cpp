@@ -2,7 +2,9 @@
 // long double transcriptions of the reference implementations, exact checkpoints, false clips on
 // stationary norms, level shifts, FP16 norms beyond 65504, bad configurations, non-finite steps.
 #include <gradclip/autoclip.hpp>
+#include <gradclip/clip.hpp>
 #include <gradclip/controller.hpp>
+#include <gradclip/norm.hpp>
 #include <gradclip/spike_skip.hpp>
 #include <gradclip/zclip.hpp>
 

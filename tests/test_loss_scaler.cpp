@@ -1,6 +1,7 @@
 // loss_scaler: the state machine, the order unscale-check-clip, the fused path against unscale followed by
 // clip_by_global_norm and against binary128, non-power-of-two scales, single gradients and groups.
 #include <gradclip/clip.hpp>
+#include <gradclip/controller.hpp>
 #include <gradclip/loss_scaler.hpp>
 
 #include "element_types.hpp"
@@ -193,6 +194,39 @@ TEST(LossScaler, MalformedOrInvalidStateLeavesTheScalerUnchanged) {
   state.growth_tracker = -1;
   EXPECT_THROW(scaler.load_state_dict(state), std::invalid_argument);
   EXPECT_EQ(scaler.growth_tracker(), 0);
+}
+
+// A controller that clips to a fixed threshold or skips, and remembers what it was told.
+struct recording_controller {
+  double threshold = 2.0;
+  bool skip = false;
+  std::vector<clip_result> seen;
+  gradclip::threshold_decision decide(double) const { return {threshold, skip}; }
+  double fallback_threshold() const { return threshold; }
+  void update(const clip_result& step) { seen.push_back(step); }
+};
+
+TEST(LossScaler, ControllersSetTheThresholdOfTheUnscaledNorm) {
+  static_assert(gradclip::is_threshold_controller_v<recording_controller>);
+  std::vector<float> g{3.0f * 1024, 4.0f * 1024};  // g = [3, 4] scaled by S = 1024
+  recording_controller controller;
+  const clip_result step = scaler_with(1024.0).unscale_and_clip(g, controller);
+  EXPECT_EQ(step.norm, 5.0);
+  EXPECT_EQ(step.threshold, 2.0);
+  EXPECT_TRUE(step.clipped && !step.skip);
+  EXPECT_EQ(g[0], static_cast<float>(3.0 * 2.0 / 5.0));
+  ASSERT_EQ(controller.seen.size(), 1u);
+  EXPECT_EQ(controller.seen[0].norm, 5.0);
+
+  // A skipped step is left untouched, still scaled, and reported as skipped.
+  controller.skip = true;
+  std::vector<float> h{3.0f * 1024, 4.0f * 1024};
+  const auto before = h;
+  const clip_result skipped = scaler_with(1024.0).unscale_and_clip(h, controller);
+  EXPECT_TRUE(skipped.skip);
+  EXPECT_FALSE(skipped.clipped);
+  EXPECT_TRUE(same_bits(h, before));
+  EXPECT_EQ(controller.seen.size(), 2u);
 }
 
 TEST(LossScaler, Fp64SubnormalQuotientsAreRoundedOnce) {

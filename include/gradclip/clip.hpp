@@ -50,7 +50,7 @@ T largest_not_above(double limit) noexcept {
 template <class Policy = robust, class Grad, class = std::enable_if_t<detail::is_gradient_v<Grad>>>
 clip_result clip_by_norm(Grad&& g, double max_norm, const options& opt = {}) {
   detail::single<std::remove_reference_t<Grad>> group{&g};
-  return detail::clip<Policy>("gradclip::clip_by_norm", group, max_norm, opt);
+  return detail::clip<Policy>("gradclip::clip_by_norm", group, detail::fixed_threshold{max_norm}, opt);
 }
 
 /// Clips a raw buffer of `size` elements in place; see the overload above.
@@ -67,13 +67,13 @@ clip_result clip_by_norm(T* data, std::size_t size, double max_norm, const optio
 ///     auto result = gradclip::clip_by_global_norm(grads, 1.0);
 template <class Policy = robust, class Grads, class = std::enable_if_t<detail::is_gradient_range_v<Grads&>>>
 clip_result clip_by_global_norm(Grads&& grads, double max_norm, const options& opt = {}) {
-  return detail::clip<Policy>("gradclip::clip_by_global_norm", grads, max_norm, opt);
+  return detail::clip<Policy>("gradclip::clip_by_global_norm", grads, detail::fixed_threshold{max_norm}, opt);
 }
 
 /// The same for a braced list of gradients of any element types: clip_by_global_norm({w, b}, 1.0).
 template <class Policy = robust>
 clip_result clip_by_global_norm(std::initializer_list<grad_view> grads, double max_norm, const options& opt = {}) {
-  return detail::clip<Policy>("gradclip::clip_by_global_norm", grads, max_norm, opt);
+  return detail::clip<Policy>("gradclip::clip_by_global_norm", grads, detail::fixed_threshold{max_norm}, opt);
 }
 
 /// Clips this process's gradients by a norm reduced elsewhere (e.g. with NCCL or Gloo from every rank's
@@ -89,7 +89,7 @@ clip_result clip_by_global_norm(Grads&& local_grads, const partial_norm& global,
   if (!(global.p == opt.norm.p()))
     throw std::invalid_argument(std::string(function) + ": the partial norm is of p = " + std::to_string(global.p) +
                                 ", options::norm of p = " + std::to_string(opt.norm.p()));
-  return detail::clip<Policy>(function, local_grads, max_norm, opt, [&] { return global; });
+  return detail::clip<Policy>(function, local_grads, detail::fixed_threshold{max_norm}, opt, [&] { return global; });
 }
 
 /// Clamps every element to [-limit, limit] in place (limit rounded down to the element type, so no

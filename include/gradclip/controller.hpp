@@ -2,27 +2,16 @@
 // gradient norms (gradclip::zclip, autoclip, spike_skip), and the clipping calls that consult them.
 #pragma once
 
-#include <gradclip/clip.hpp>
+#include <gradclip/detail/pipeline.hpp>
 #include <gradclip/grad_view.hpp>
-#include <gradclip/norm.hpp>
 #include <gradclip/options.hpp>
-#include <gradclip/partial_norm.hpp>
 #include <gradclip/policies.hpp>
 
-#include <array>
-#include <functional>
 #include <initializer_list>
-#include <limits>
 #include <type_traits>
 #include <utility>
 
 namespace gradclip {
-
-/// What a controller decides for one step: the threshold to clip to (+inf: no clipping), or to skip it.
-struct threshold_decision {
-  double threshold = std::numeric_limits<double>::infinity();
-  bool skip = false;
-};
 
 namespace detail {
 
@@ -47,34 +36,6 @@ template <class C>
 inline constexpr bool is_threshold_controller_v =
     detail::is_threshold_controller<std::remove_cv_t<std::remove_reference_t<C>>>::value;
 
-namespace detail {
-
-// One read pass for the norm, the controller's decision, then a write pass only if the step clips.
-template <class Policy, class Grads, class Controller>
-clip_result clip_with_controller(const char* function, Grads& grads, Controller& controller, const options& opt) {
-  check_options(function, opt);
-  const partial_norm part = partial_global_norm<Policy>(grads, opt);
-  const double norm = part.norm();
-  threshold_decision decision;
-  if (part.finite) {
-    decision = controller.decide(norm);
-  } else if (opt.nonfinite == on_nonfinite::propagate) {
-    decision.threshold = controller.fallback_threshold();
-  }
-  clip_result result{norm, 1.0, false, part.finite, decision.threshold, true};
-  if (!decision.skip) {
-    // Non-finite norms follow opt.nonfinite here: an error throws before the controller hears of it.
-    result = clip_by_global_norm<Policy>(grads, part, decision.threshold, opt);
-    result.threshold = part.finite || opt.nonfinite == on_nonfinite::propagate
-                           ? decision.threshold
-                           : std::numeric_limits<double>::infinity();
-  }
-  controller.update(result);
-  return result;
-}
-
-}  // namespace detail
-
 /// Clips a group by its global norm to the threshold a controller sets from the history of norms:
 /// one read pass for the norm, `controller.decide(norm)`, one write pass only if the step clips, then
 /// `controller.update(result)`. `result.threshold` is the threshold applied (+inf when none);
@@ -86,22 +47,15 @@ clip_result clip_with_controller(const char* function, Grads& grads, Controller&
 ///     gradclip::zclip controller;   // ZClip's defaults
 ///     auto result = gradclip::clip_by_global_norm(grads, controller);
 template <class Policy = robust, class Grads, class Controller,
-          class = std::enable_if_t<is_threshold_controller_v<Controller>>>
-clip_result clip_by_global_norm(Grads& grads, Controller& controller, options opt = {}) {
-  return detail::clip_with_controller<Policy>("gradclip::clip_by_global_norm", grads, controller, opt);
-}
-
-/// The same for a temporary group, e.g. a vector of maps made for the call.
-template <class Policy = robust, class Grads, class Controller,
-          class = std::enable_if_t<!std::is_reference_v<Grads> && is_threshold_controller_v<Controller>>>
-clip_result clip_by_global_norm(Grads&& grads, Controller& controller, options opt = {}) {
-  return detail::clip_with_controller<Policy>("gradclip::clip_by_global_norm", grads, controller, opt);
+          class = std::enable_if_t<detail::is_gradient_range_v<Grads&> && is_threshold_controller_v<Controller>>>
+clip_result clip_by_global_norm(Grads&& grads, Controller& controller, const options& opt = {}) {
+  return detail::clip<Policy>("gradclip::clip_by_global_norm", grads, detail::controlled<Controller>{controller}, opt);
 }
 
 /// The same for a braced list of gradients of any element types: clip_by_global_norm({w, b}, controller).
 template <class Policy = robust, class Controller, class = std::enable_if_t<is_threshold_controller_v<Controller>>>
-clip_result clip_by_global_norm(std::initializer_list<grad_view> grads, Controller& controller, options opt = {}) {
-  return detail::clip_with_controller<Policy>("gradclip::clip_by_global_norm", grads, controller, opt);
+clip_result clip_by_global_norm(std::initializer_list<grad_view> grads, Controller& controller, const options& opt = {}) {
+  return detail::clip<Policy>("gradclip::clip_by_global_norm", grads, detail::controlled<Controller>{controller}, opt);
 }
 
 /// Clips one gradient by its norm to the threshold a controller sets; see clip_by_global_norm above.
@@ -109,9 +63,9 @@ clip_result clip_by_global_norm(std::initializer_list<grad_view> grads, Controll
 ///     auto result = gradclip::clip_by_norm(grad, controller);
 template <class Policy = robust, class Grad, class Controller,
           class = std::enable_if_t<detail::is_gradient_v<Grad> && is_threshold_controller_v<Controller>>>
-clip_result clip_by_norm(Grad&& g, Controller& controller, options opt = {}) {
-  std::array<std::reference_wrapper<std::remove_reference_t<Grad>>, 1> group{std::ref(g)};
-  return detail::clip_with_controller<Policy>("gradclip::clip_by_norm", group, controller, opt);
+clip_result clip_by_norm(Grad&& g, Controller& controller, const options& opt = {}) {
+  detail::single<std::remove_reference_t<Grad>> group{&g};
+  return detail::clip<Policy>("gradclip::clip_by_norm", group, detail::controlled<Controller>{controller}, opt);
 }
 
 }  // namespace gradclip

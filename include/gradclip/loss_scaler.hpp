@@ -2,6 +2,7 @@
 // overflow, one write pass unscales and clips, rounded once to the element type.
 #pragma once
 
+#include <gradclip/controller.hpp>
 #include <gradclip/detail/pipeline.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/grad_view.hpp>
@@ -124,13 +125,26 @@ class loss_scaler {
   ///     auto step = scaler.unscale_and_clip(grads, 1.0);
   template <class Policy = robust, class Grads>
   clip_result unscale_and_clip(Grads&& grads, double max_norm, const options& opt = {}) const {
-    return unscale_and_clip_impl<Policy>("gradclip::loss_scaler::unscale_and_clip", grads, max_norm, opt);
+    return unscale_and_clip_impl<Policy>("gradclip::loss_scaler::unscale_and_clip", grads,
+                                         detail::fixed_threshold{max_norm}, opt);
   }
 
   /// The same for a braced list of gradients of any element types: unscale_and_clip({w, b}, 1.0).
   template <class Policy = robust>
   clip_result unscale_and_clip(std::initializer_list<grad_view> grads, double max_norm, const options& opt = {}) const {
-    return unscale_and_clip_impl<Policy>("gradclip::loss_scaler::unscale_and_clip", grads, max_norm, opt);
+    return unscale_and_clip_impl<Policy>("gradclip::loss_scaler::unscale_and_clip", grads,
+                                         detail::fixed_threshold{max_norm}, opt);
+  }
+
+  /// Unscales and clips to the threshold a controller (controller.hpp) sets from ||g / S||, in the same
+  /// two passes; a step the controller skips is left untouched (still scaled).
+  ///
+  ///     auto step = scaler.unscale_and_clip(grads, controller);
+  template <class Policy = robust, class Grads, class Controller,
+            class = std::enable_if_t<is_threshold_controller_v<Controller>>>
+  clip_result unscale_and_clip(Grads&& grads, Controller& controller, const options& opt = {}) const {
+    return unscale_and_clip_impl<Policy>("gradclip::loss_scaler::unscale_and_clip", grads,
+                                         detail::controlled<Controller>{controller}, opt);
   }
 
   /// Unscales in place, g <- g / S, in the same two passes (the read pass detects non-finite values and
@@ -138,15 +152,13 @@ class loss_scaler {
   /// subnormal results included.
   template <class Policy = robust, class Grads>
   clip_result unscale(Grads&& grads, const options& opt = {}) const {
-    return unscale_and_clip_impl<Policy>("gradclip::loss_scaler::unscale", grads,
-                                         std::numeric_limits<double>::infinity(), opt);
+    return unscale_and_clip_impl<Policy>("gradclip::loss_scaler::unscale", grads, never_clips, opt);
   }
 
   /// The same for a braced list of gradients of any element types.
   template <class Policy = robust>
   clip_result unscale(std::initializer_list<grad_view> grads, const options& opt = {}) const {
-    return unscale_and_clip_impl<Policy>("gradclip::loss_scaler::unscale", grads,
-                                         std::numeric_limits<double>::infinity(), opt);
+    return unscale_and_clip_impl<Policy>("gradclip::loss_scaler::unscale", grads, never_clips, opt);
   }
 
   /// Moves S after a step: times backoff_factor (and the count of finite steps reset) when !step.finite,
@@ -210,30 +222,35 @@ class loss_scaler {
     growth_tracker_ = state.growth_tracker;
   }
 
+  static constexpr detail::fixed_threshold never_clips{std::numeric_limits<double>::infinity()};
+
   static double to_fp32(double x) noexcept { return static_cast<double>(static_cast<float>(x)); }
 
-  template <class Policy, class Grads>
-  clip_result unscale_and_clip_impl(const char* function, Grads& grads, double max_norm, const options& opt) const {
+  // The pipeline on the scaled gradients: the part of g / S, the threshold from `source`, and a write
+  // pass that unscales and clips together (or only unscales).
+  template <class Policy, class Grads, class Source>
+  clip_result unscale_and_clip_impl(const char* function, Grads& grads, const Source& source,
+                                    const options& opt) const {
     using group = std::remove_cv_t<Grads>;
     static_assert(detail::is_gradient_v<group> || detail::is_gradient_range_v<group&>,
                   "The loss scaler takes one gradient or a range (std::vector, std::array, ...) of gradients.");
     if constexpr (detail::is_gradient_v<group>) {
       detail::single<Grads> one{&grads};
-      return unscale_and_clip_impl<Policy>(function, one, max_norm, opt);
+      return unscale_and_clip_impl<Policy>(function, one, source, opt);
     } else {
-      detail::check_clip_arguments(function, max_norm, opt);
       const double s = scale_;
-      const detail::clip_plan plan =
-          detail::plan_clip(function, detail::unscaled(detail::reduce<Policy>(grads, opt), s), max_norm, opt);
-      if (!plan.result.finite && opt.nonfinite == on_nonfinite::skip) return plan.result;
-      if (plan.result.clipped) {
-        detail::apply<Policy>(grads, plan.coefficient / detail::scaled::of(s), opt);
-      } else if (s != 1.0) {
-        // x / S in one FP64 division: correctly rounded to every element type, subnormals included.
-        detail::for_each_run_in_place(grads, opt,
-                                      [&](auto* p, std::size_t n) { detail::divide(detail::best_isa(), p, n, s); });
-      }
-      return plan.result;
+      const auto reduced = [&] { return detail::unscaled(detail::reduce<Policy>(grads, opt), s); };
+      const auto write = [&](const detail::clip_plan& plan) {
+        if (!plan.result.finite && opt.nonfinite == on_nonfinite::skip) return;
+        if (plan.result.clipped) {
+          detail::apply<Policy>(grads, plan.coefficient / detail::scaled::of(s), opt);
+        } else if (s != 1.0) {
+          // x / S in one FP64 division: correctly rounded to every element type, subnormals included.
+          detail::for_each_run_in_place(
+              grads, opt, [&](auto* p, std::size_t n) { detail::divide(detail::best_isa(), p, n, s); });
+        }
+      };
+      return detail::run_pipeline(function, source, opt, reduced, write);
     }
   }
 

@@ -2,6 +2,7 @@
 // Needs an MPI library (link MPI::MPI_CXX); the umbrella header gradclip.hpp does not include it.
 #pragma once
 
+#include <gradclip/controller.hpp>
 #include <gradclip/detail/pipeline.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
@@ -205,6 +206,30 @@ inline partial_norm combine(const char* function, MPI_Comm own, const agreement&
   return total;
 }
 
+/// A controller whose decision every rank checks against every other's.
+template <class Controller>
+struct agreed_controller {
+  Controller& controller;
+  MPI_Comm own;
+
+  void check(const char*) const noexcept {}
+  threshold_decision decide(double norm) const {
+    const threshold_decision d = controller.decide(norm);
+    const std::uint64_t skip = d.skip ? 1u : 0u;
+    const std::array<std::uint64_t, 4> words{bits_of(d.threshold), ~bits_of(d.threshold), skip, ~skip};
+    std::array<std::uint64_t, 4> agreed{};
+    mpi::detail::check(MPI_Allreduce(words.data(), agreed.data(), 4, MPI_UINT64_T, MPI_MAX, own),
+                       "gradclip::mpi::clip_by_global_norm", "MPI_Allreduce");
+    if (agreed[0] != ~agreed[1] || agreed[2] != ~agreed[3])
+      throw std::logic_error(
+          "gradclip::mpi::clip_by_global_norm: the controllers decided differently on different ranks; their states "
+          "must be the same on every rank");
+    return d;
+  }
+  double fallback_threshold() const { return controller.fallback_threshold(); }
+  void update(const clip_result& step) const { controller.update(step); }
+};
+
 }  // namespace detail
 
 /// The norm (options::norm) of the concatenation of every rank's `local_grads` (a group, as for
@@ -243,8 +268,26 @@ clip_result clip_by_global_norm(MPI_Comm comm, Grads& local_grads, double max_no
   constexpr const char* function = "gradclip::mpi::clip_by_global_norm";
   const MPI_Comm own = detail::library_comm(function, comm);
   const detail::agreement a = detail::agree<Policy>(function, own, local_grads, max_norm, opt);
-  return gradclip::detail::clip<Policy>(function, local_grads, max_norm, opt,
+  return gradclip::detail::clip<Policy>(function, local_grads, gradclip::detail::fixed_threshold{max_norm}, opt,
                                         [&] { return detail::combine(function, own, a); });
+}
+
+/// Clips every rank's `local_grads` to the threshold a controller (controller.hpp) sets from the global
+/// norm. Every rank's controller sees the same norm, bit for bit, and must make the same decision: the
+/// ranks check that they did in one more MAX all-reduce (32 bytes) and throw std::logic_error on every
+/// rank, before anything is modified, when their controllers' states differ (construct them alike, or
+/// restore them from the same checkpoint).
+///
+///     gradclip::zclip controller;   // the same on every rank
+///     auto result = gradclip::mpi::clip_by_global_norm(MPI_COMM_WORLD, my_shards, controller);
+template <class Policy = robust, class Grads, class Controller,
+          class = std::enable_if_t<is_threshold_controller_v<Controller>>>
+clip_result clip_by_global_norm(MPI_Comm comm, Grads& local_grads, Controller& controller, const options& opt = {}) {
+  constexpr const char* function = "gradclip::mpi::clip_by_global_norm";
+  const MPI_Comm own = detail::library_comm(function, comm);
+  const detail::agreement a = detail::agree<Policy>(function, own, local_grads, 0.0, opt);
+  return gradclip::detail::clip<Policy>(function, local_grads, detail::agreed_controller<Controller>{controller, own},
+                                        opt, [&] { return detail::combine(function, own, a); });
 }
 
 }  // namespace gradclip::mpi

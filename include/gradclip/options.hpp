@@ -52,6 +52,13 @@ struct nonfinite_error : std::runtime_error {
   double norm;  ///< the norm the policy computed: NaN or +inf
 };
 
+/// What a threshold controller decides for one step: the threshold to clip to (+inf: no clipping), or to
+/// skip the step.
+struct threshold_decision {
+  double threshold = std::numeric_limits<double>::infinity();
+  bool skip = false;
+};
+
 /// What a clipping call did.
 struct [[nodiscard]] clip_result {
   double norm;         ///< options::norm before clipping (+inf when it exceeds double's range)

@@ -393,6 +393,38 @@ TEST(Mpi, BadArgumentsOnOneRankThrowOnEveryRank) {
   EXPECT_NEAR(result.norm, 5.0 * std::sqrt(static_cast<double>(size_of())), 1e-12);
 }
 
+// A controller that clips to a threshold of its own; ranks given different thresholds disagree.
+struct fixed_controller {
+  double threshold;
+  int updates = 0;
+  gradclip::threshold_decision decide(double) const { return {threshold, false}; }
+  double fallback_threshold() const { return threshold; }
+  void update(const gradclip::clip_result&) { ++updates; }
+};
+
+TEST(Mpi, ControllersDecideAlikeOnEveryRankOrEveryRankThrows) {
+  std::vector<std::vector<float>> mine{{3.0f, 4.0f}};
+  fixed_controller same{1.0};
+  const auto result = gradclip::mpi::clip_by_global_norm(MPI_COMM_WORLD, mine, same);
+  EXPECT_TRUE(same_on_every_rank(result));
+  EXPECT_EQ(result.threshold, 1.0);
+  EXPECT_TRUE(result.clipped);
+  EXPECT_EQ(same.updates, 1);
+  EXPECT_NEAR(mine[0][0], 3.0 / (5.0 * std::sqrt(static_cast<double>(size_of()))), 1e-6);
+  if (size_of() > 1) {
+    fixed_controller differing{rank_of() == 0 ? 1.0 : 2.0};
+    const auto before = mine;
+    bool threw = false;
+    try {
+      (void)gradclip::mpi::clip_by_global_norm(MPI_COMM_WORLD, mine, differing);
+    } catch (const std::logic_error& e) {
+      threw = std::string(e.what()).find("decided differently") != std::string::npos;
+    }
+    EXPECT_TRUE(on_every_rank(threw));
+    EXPECT_EQ(mine, before);
+  }
+}
+
 TEST(Mpi, BadCommunicatorsThrowBeforeAnyCommunication) {
   std::vector<std::vector<float>> mine{{1.0f}};
   EXPECT_THROW((void)gradclip::mpi::global_norm(MPI_COMM_NULL, mine), std::invalid_argument);

@@ -17,9 +17,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace gradclip::detail {
@@ -48,10 +50,6 @@ inline void check_options(const char* function, const options& opt) {
     throw std::invalid_argument(std::string(function) + ": options::nonfinite is not an on_nonfinite value");
 }
 
-inline void check_clip_arguments(const char* function, double max_norm, const options& opt) {
-  if (!(max_norm >= 0)) throw std::invalid_argument(std::string(function) + ": max_norm must be >= 0 and not NaN");
-  check_options(function, opt);
-}
 
 /// One gradient as a group of one, without copying it.
 template <class G>
@@ -183,7 +181,8 @@ inline clip_plan plan_clip(const char* function, const partial_norm& part, doubl
   const double norm = part.norm();
   if (!part.finite) {
     if (opt.nonfinite == on_nonfinite::error) throw nonfinite_error(function, norm);
-    if (opt.nonfinite == on_nonfinite::skip) return {{norm, 1.0, false, false, max_norm}, scaled{1.0, 0}};
+    if (opt.nonfinite == on_nonfinite::skip)  // no threshold was applied
+      return {{norm, 1.0, false, false, std::numeric_limits<double>::infinity()}, scaled{1.0, 0}};
     // PyTorch's arithmetic (std::min keeps a NaN quotient): an infinite norm gives 0, NaN when max_norm is
     // infinite too; a NaN norm gives NaN.
     const double c = std::min(max_norm / (norm + opt.epsilon), 1.0);
@@ -197,18 +196,70 @@ inline clip_plan plan_clip(const char* function, const partial_norm& part, doubl
   return {{norm, c.value(), true, true, max_norm}, c};
 }
 
-/// check, reduce (or take the part `reduced()` returns), plan, apply: the whole pipeline.
-template <class Policy, class Grads, class Reduced>
-clip_result clip(const char* function, Grads& grads, double max_norm, const options& opt, Reduced&& reduced) {
-  check_clip_arguments(function, max_norm, opt);
-  const clip_plan plan = plan_clip(function, reduced(), max_norm, opt);
-  if (plan.result.clipped) apply<Policy>(grads, plan.coefficient, opt);
+/// A threshold fixed by the caller: the source of the threshold for every call without a controller.
+struct fixed_threshold {
+  double max_norm;
+
+  void check(const char* function) const {
+    if (!(max_norm >= 0))
+      throw std::invalid_argument(std::string(function) + ": max_norm must be >= 0 and not NaN");
+  }
+  threshold_decision decide(double) const noexcept { return {max_norm, false}; }
+  double fallback_threshold() const noexcept { return max_norm; }
+  void update(const clip_result&) const noexcept {}
+};
+
+inline void check_clip_arguments(const char* function, double max_norm, const options& opt) {
+  fixed_threshold{max_norm}.check(function);
+  check_options(function, opt);
+}
+
+/// A threshold controller (controller.hpp) as a source of the threshold.
+template <class Controller>
+struct controlled {
+  Controller& controller;
+
+  void check(const char*) const noexcept {}
+  threshold_decision decide(double norm) const { return controller.decide(norm); }
+  double fallback_threshold() const { return controller.fallback_threshold(); }
+  void update(const clip_result& step) const { controller.update(step); }
+};
+
+/// The whole pipeline: check, reduce (`reduced()` returns the part), ask `source` for the threshold (a
+/// non-finite norm never reaches it: it follows opt.nonfinite, with the source's fallback threshold
+/// under propagate), plan, then `write(plan)` unless the step is skipped, and tell `source` the outcome.
+template <class Source, class Reduced, class Write>
+clip_result run_pipeline(const char* function, const Source& source, const options& opt, Reduced&& reduced,
+                         Write&& write) {
+  source.check(function);
+  check_options(function, opt);
+  const partial_norm part = reduced();
+  const threshold_decision decision =
+      part.finite ? source.decide(part.norm()) : threshold_decision{source.fallback_threshold(), false};
+  if (decision.skip) {
+    const clip_result skipped{part.norm(), 1.0, false, part.finite, decision.threshold, true};
+    source.update(skipped);
+    return skipped;
+  }
+  const clip_plan plan = plan_clip(function, part, decision.threshold, opt);
+  write(plan);
+  source.update(plan.result);
   return plan.result;
 }
 
-template <class Policy, class Grads>
-clip_result clip(const char* function, Grads& grads, double max_norm, const options& opt) {
-  return clip<Policy>(function, grads, max_norm, opt, [&] { return reduce<Policy>(grads, opt); });
+/// The pipeline with the scale kernel as its write pass.
+template <class Policy, class Grads, class Source, class Reduced>
+clip_result clip(const char* function, Grads& grads, const Source& source, const options& opt, Reduced&& reduced) {
+  check_group<Grads&>();
+  return run_pipeline(function, source, opt, std::forward<Reduced>(reduced), [&](const clip_plan& plan) {
+    if (plan.result.clipped) apply<Policy>(grads, plan.coefficient, opt);
+  });
+}
+
+/// The pipeline on the group's own norm.
+template <class Policy, class Grads, class Source>
+clip_result clip(const char* function, Grads& grads, const Source& source, const options& opt) {
+  return clip<Policy>(function, grads, source, opt, [&] { return reduce<Policy>(grads, opt); });
 }
 
 }  // namespace gradclip::detail
