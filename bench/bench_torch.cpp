@@ -1,11 +1,12 @@
-// gradclip::libtorch::clip_grad_norm_ beside what a libtorch user has: torch::nn::utils::clip_grad_norm_
-// for FP32, and for FP16 (which it cannot clip on the CPU) the cast-to-float version a user would write.
+// gradclip::libtorch::clip_grad_norm_ (the drop-in: same arguments, same result) beside what a libtorch
+// user has: torch::nn::utils::clip_grad_norm_ for FP32, and for FP16 (which it cannot clip on the CPU) the
+// cast-to-float version a user would write.
 // A plain read of the same bytes, in the same binary, is the memory roofline.
 //
 // Names are `<case><dtype>/tensors:<count>/elements:<per tensor>`, so rows join with the main suite's
 // by dtype and total size. Every clip binds: max_norm shrinks by 0.1% per iteration below the norm the
 // previous iteration left, so each call reads the gradients twice and writes them once, as in training.
-// libtorch runs on one thread, like gradclip.
+// libtorch runs on one thread, and so does the drop-in, which takes libtorch's thread count.
 #include <gradclip/torch.hpp>
 
 #include <benchmark/benchmark.h>

@@ -1,7 +1,8 @@
 // A tiny libtorch model trained with gradclip::libtorch::clip_grad_norm_ where a libtorch program calls
-// torch::nn::utils::clip_grad_norm_. The model runs in BF16 on the CPU with gradient norms in the
-// hundreds: libtorch 1.13 would round each clipping coefficient to BF16 before using it (turning a clip to
-// norm 1 into a clip to 0.996), and it cannot clip FP16 gradients on the CPU at all.
+// torch::nn::utils::clip_grad_norm_: the same arguments, the same returned norm, only the namespace
+// changes. The model runs in BF16 on the CPU with gradient norms in the hundreds: libtorch 1.13 would
+// round each clipping coefficient to BF16 before using it (turning a clip to norm 1 into a clip to 0.996),
+// and it cannot clip FP16 gradients on the CPU at all.
 #include <gradclip/torch.hpp>
 
 #include <torch/torch.h>
@@ -23,21 +24,21 @@ int main() {
   double first_loss = 0;
   double loss_value = 0;
   int clipped_steps = 0;
-  std::printf(" step        loss       norm  coefficient\n");
+  const double max_norm = 5.0;
+  std::printf(" step        loss       norm\n");
   for (int step = 1; step <= 300; ++step) {
     optimizer.zero_grad();
     // The loss is computed in FP32 (as autocast would), the gradients flow back into BF16 parameters.
     const auto loss = torch::mse_loss(model->forward(x_bf16).to(torch::kFloat), target);
     loss.backward();
-    // Was: torch::nn::utils::clip_grad_norm_(model->parameters(), 5.0);
-    const auto result = gradclip::libtorch::clip_grad_norm_(model->parameters(), 5.0);
-    if (!result.finite) continue;  // a non-finite gradient: skip the step, nothing was modified
-    clipped_steps += result.clipped;
+    // Was: torch::nn::utils::clip_grad_norm_(model->parameters(), max_norm);
+    const double norm = gradclip::libtorch::clip_grad_norm_(model->parameters(), max_norm);
+    if (!std::isfinite(norm)) continue;             // a NaN/Inf gradient (propagated as in libtorch): skip the step
+    clipped_steps += max_norm / (norm + 1e-6) < 1;  // PyTorch's rule, which the drop-in follows
     optimizer.step();
     loss_value = loss.item<double>();
     if (step == 1) first_loss = loss_value;
-    if (step == 1 || step % 50 == 0)
-      std::printf("%5d  %10.4g %10.4g  %11.4g\n", step, loss_value, result.norm, result.coefficient);
+    if (step == 1 || step % 50 == 0) std::printf("%5d  %10.4g %10.4g\n", step, loss_value, norm);
   }
   std::printf("clipped %d of 300 steps; loss %.4g -> %.4g\n", clipped_steps, first_loss, loss_value);
   // BF16 weights keep between two and three significant digits, so "converged" means a loss 100 times smaller.

@@ -1,5 +1,7 @@
 // options::threads: the same bits as one thread for every thread count (a fixed partition merged in a
 // fixed order), every element scaled exactly once, small work on the caller.
+#define EIGEN_USE_THREADS  // Eigen::ThreadPoolDevice
+#include <gradclip/eigen_executor.hpp>
 #include <gradclip/gradclip.hpp>
 
 #include "element_types.hpp"
@@ -7,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <Eigen/Core>
+#include <unsupported/Eigen/CXX11/Tensor>
 
 #include <cmath>
 #include <cstring>
@@ -164,6 +167,28 @@ TEST(Parallel, MixedGroupsWithStridedMembers) {
     for (std::size_t i = 0; i < small[k].size(); ++i)
       ASSERT_TRUE(within(small[k][i], to_quad(small_before[k][i]) * c)) << "tensor " << k;
   for (std::size_t i = 0; i < large.size(); ++i) ASSERT_LE(ulps(large[i], to_quad(large_before[i]) * c), 1.0) << i;
+}
+
+// An Eigen pool the caller already has gives the same bits as gradclip's own pool and as one thread.
+TEST(Parallel, EigenThreadPoolsRunTheSamePartition) {
+  std::mt19937_64 rng(seed + 4);
+  const auto original = random_gradient<float>(3 * gradclip::detail::piece_elements + 5, rng);
+  Eigen::ThreadPool threads(3);
+  Eigen::ThreadPoolDevice device(&threads, 3);
+  const gradclip::eigen_executor<Eigen::ThreadPoolDevice> on_device(device);
+  const gradclip::eigen_executor<Eigen::ThreadPoolInterface> on_pool(threads);
+  auto serial = original;
+  const auto one = gradclip::clip_by_norm(serial.data(), serial.size(), 1.0);
+  for (const gradclip::executor* pool : {static_cast<const gradclip::executor*>(&on_device),
+                                         static_cast<const gradclip::executor*>(&on_pool)}) {
+    gradclip::options opt = threaded(4);
+    opt.pool = pool;
+    EXPECT_EQ(gradclip::norm(original.data(), original.size(), opt), one.norm);
+    auto work = original;
+    const auto many = gradclip::clip_by_norm(work.data(), work.size(), 1.0, opt);
+    EXPECT_EQ(many.coefficient, one.coefficient);
+    EXPECT_TRUE(same_bits(work, serial));
+  }
 }
 
 TEST(Parallel, SmallWorkStaysOnTheCallerAndLargeWorkIsShared) {

@@ -1,6 +1,7 @@
 // What a clipping call is told (options, norm_type) and what it reports (clip_result, nonfinite_error).
 #pragma once
 
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,15 @@ inline constexpr norm_type l1_norm{1.0};                                       /
 inline constexpr norm_type l2_norm{2.0};                                       ///< the default norm
 inline constexpr norm_type inf_norm{std::numeric_limits<double>::infinity()};  ///< max magnitude
 
+/// Threads the caller already has, for options::executor (e.g. an Eigen::ThreadPoolDevice through
+/// gradclip::eigen_executor, eigen_executor.hpp). gradclip only asks it to run jobs and wait for them.
+class executor {
+ public:
+  virtual ~executor() = default;
+  /// Runs job(k) for every k in [0, count), on any threads, and returns when all have run.
+  virtual void run(unsigned count, const std::function<void(unsigned)>& job) const = 0;
+};
+
 /// How every norm and clipping call runs. Aggregate: `{on_nonfinite::propagate, 1e-6}` is PyTorch's
 /// clip_grad_norm_, `{on_nonfinite::skip, 0.0, gradclip::inf_norm, 4}` the max norm on four threads.
 struct options {
@@ -39,8 +49,11 @@ struct options {
   double epsilon = 0.0;
   /// The norm that is reported and compared with the threshold.
   norm_type norm = l2_norm;
-  /// Threads the call may use, the caller's included (0 counts as 1).
+  /// Threads the call may use, the caller's included (0 counts as 1). The result is the same, bit for
+  /// bit, for every count.
   unsigned threads = 1;
+  /// Where those threads come from: gradclip's own persistent pool when null.
+  const executor* pool = nullptr;
 };
 
 /// Thrown with on_nonfinite::error when the norm is not finite. Nothing has been modified.

@@ -1,4 +1,6 @@
-// libtorch adapter: a drop-in for torch::nn::utils::clip_grad_norm_ that is right in every precision.
+// libtorch adapter: clip_grad_norm_ and clip_grad_value_ are source-compatible drop-ins for
+// torch::nn::utils's (libtorch 1.13), right in every precision; clip_grad_norm_with and clip_grads_ take
+// gradclip::options and return the whole clip_result. The migration table is docs/libtorch.md.
 // Not included by gradclip.hpp; include it where libtorch is available.
 #pragma once
 
@@ -9,12 +11,16 @@
 #include <gradclip/policies.hpp>
 
 #include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
 #include <torch/types.h>
 
 #include <cmath>
 #include <cstddef>
+#include <initializer_list>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -91,6 +97,8 @@ decltype(auto) with_element_type(const torch::Tensor& t, F&& f) {
 /// Clips `grads` (defined, already checked) under one global norm. Gradients with gaps between their
 /// elements (slices) are clipped through a contiguous copy that is written back only if clipping
 /// changed it, so the caller's tensor is modified in place either way.
+// The threshold controllers of issue 14 will enter here: an overload taking the controller in place of
+// max_norm, forwarding to clip_by_global_norm<Policy>(views, controller, opt) with the same copies.
 template <class Policy>
 clip_result clip_tensors(const char* function, const std::vector<torch::Tensor>& grads, double max_norm,
                          const options& opt) {
@@ -120,9 +128,9 @@ clip_result clip_tensors(const char* function, const std::vector<torch::Tensor>&
   return result;
 }
 
-template <class Policy>
-clip_result clip_defined(const char* function, const std::vector<torch::Tensor>& tensors, bool take_grad,
-                         double max_norm, const options& opt) {
+/// The defined gradients of `tensors` (their .grad() when `take_grad`), each checked before any is used.
+inline std::vector<torch::Tensor> defined_gradients(const char* function, const std::vector<torch::Tensor>& tensors,
+                                                    bool take_grad) {
   std::vector<torch::Tensor> grads;
   grads.reserve(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -132,33 +140,110 @@ clip_result clip_defined(const char* function, const std::vector<torch::Tensor>&
     check_supported(function, g, (take_grad ? "the gradient of parameter " : "gradient ") + std::to_string(i));
     grads.push_back(g);
   }
-  return clip_tensors<Policy>(function, grads, max_norm, opt);
+  return grads;
+}
+
+/// Clamps one checked gradient to [-clip_value, clip_value] with libtorch's own clamp_, which rounds the
+/// bound to the element type. FP16, which libtorch 1.13 cannot clamp on the CPU, is clamped in FP32: every
+/// half and the bound rounded to half as libtorch rounds it (through float) are exact there.
+inline void clamp_gradient(const torch::Tensor& grad, double clip_value) {
+  const double largest = with_element_type(grad, [](auto* p) {
+    return static_cast<double>(std::numeric_limits<std::remove_pointer_t<decltype(p)>>::max());
+  });
+  if (clip_value > largest) return;  // every finite element is within; libtorch throws instead
+  torch::Tensor data = grad.data();  // as libtorch: no autograd history, the caller's storage
+  if (grad.scalar_type() != torch::kHalf) {
+    data.clamp_(-clip_value, clip_value);
+  } else {
+    const double bound = static_cast<float>(c10::Half(static_cast<float>(clip_value)));
+    data.copy_(data.to(torch::kFloat).clamp_(-bound, bound));
+  }
 }
 
 }  // namespace detail
 
-/// Drop-in for torch::nn::utils::clip_grad_norm_: clips the .grad() of every parameter in place under
-/// one global L2 norm, g <- g * min(1, max_norm / (norm + epsilon)); parameters without a gradient are
-/// ignored. Gradients may mix Half, BFloat16, Float and Double (CPU, dense, any strides).
+/// Drop-in for torch::nn::utils::clip_grad_norm_ with the same overloads, arguments and result: clips
+/// the .grad() of every parameter in place under one global norm of order `norm_type` (p > 0, or
+/// infinity for the max norm), g <- g * c with c = max_norm / (norm + 1e-6) when c < 1, and returns the
+/// norm. Parameters without a gradient are ignored (no gradient at all: returns 0). A NaN or infinite
+/// norm propagates as in libtorch (every element times NaN, or times 0) unless error_if_nonfinite is
+/// set: then gradclip::nonfinite_error is thrown and nothing is modified. Runs on at::get_num_threads()
+/// threads, with the same bits for any count.
 ///
 /// Unlike libtorch 1.13 it clips FP16 (libtorch throws), rounds BF16 once (libtorch turns [300] into
-/// 0.996), and keeps FP32 [1e20, 1e20] finite (libtorch's norm is inf and it zeroes the gradient).
-/// The defaults are gradclip's: epsilon 0 and non-finite norms skipped; {on_nonfinite::propagate, 1e-6}
-/// reproduces libtorch. Throws std::invalid_argument, before anything is modified, for CUDA, sparse or
-/// other-dtype gradients and for the bad arguments clip_by_norm rejects.
+/// 0.996) and keeps FP32 [1e20, 1e20] finite (libtorch's norm is inf and it zeroes the gradient).
+/// Gradients may mix Half, BFloat16, Float and Double (CPU, dense, any strides). Throws
+/// std::invalid_argument, before anything is modified, for a negative or NaN max_norm, a norm_type that
+/// is not > 0 (libtorch computes something for those), and CUDA, sparse or other-dtype gradients.
 ///
-///     auto result = gradclip::libtorch::clip_grad_norm_(model->parameters(), 1.0);
+///     double norm = gradclip::libtorch::clip_grad_norm_(model->parameters(), 1.0);
+inline double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type = 2.0,
+                              bool error_if_nonfinite = false) {
+  constexpr const char* function = "gradclip::libtorch::clip_grad_norm_";
+  const options opt{error_if_nonfinite ? on_nonfinite::error : on_nonfinite::propagate, 1e-6,
+                    gradclip::norm_type{norm_type}, static_cast<unsigned>(at::get_num_threads())};
+  return detail::clip_tensors<robust>(function, detail::defined_gradients(function, parameters, true), max_norm, opt)
+      .norm;
+}
+
+/// The same for a braced list of parameters: clip_grad_norm_({w, b}, 1.0).
+inline double clip_grad_norm_(std::initializer_list<torch::Tensor> parameters, double max_norm, double norm_type = 2.0,
+                              bool error_if_nonfinite = false) {
+  return clip_grad_norm_(std::vector<torch::Tensor>(parameters), max_norm, norm_type, error_if_nonfinite);
+}
+
+/// The same for one parameter.
+inline double clip_grad_norm_(const torch::Tensor& parameter, double max_norm, double norm_type = 2.0,
+                              bool error_if_nonfinite = false) {
+  return clip_grad_norm_(std::vector<torch::Tensor>{parameter}, max_norm, norm_type, error_if_nonfinite);
+}
+
+/// Drop-in for torch::nn::utils::clip_grad_value_: clamps the .grad() of every parameter to
+/// [-clip_value, clip_value] in place, bit for bit as libtorch (NaN stays NaN). Unlike libtorch 1.13 it
+/// also clamps FP16 on the CPU, and leaves a gradient unchanged when clip_value exceeds its dtype's
+/// largest finite value (libtorch throws). Throws std::invalid_argument, before anything is modified, for
+/// a negative or NaN clip_value (libtorch clamps every element to it) and for unsupported gradients.
+///
+///     gradclip::libtorch::clip_grad_value_(model->parameters(), 0.5);
+inline void clip_grad_value_(const std::vector<torch::Tensor>& parameters, double clip_value) {
+  constexpr const char* function = "gradclip::libtorch::clip_grad_value_";
+  if (!(clip_value >= 0)) throw std::invalid_argument(std::string(function) + ": clip_value must be >= 0 and not NaN");
+  for (const auto& grad : detail::defined_gradients(function, parameters, true))
+    detail::clamp_gradient(grad, clip_value);
+}
+
+/// The same for a braced list of parameters.
+inline void clip_grad_value_(std::initializer_list<torch::Tensor> parameters, double clip_value) {
+  clip_grad_value_(std::vector<torch::Tensor>(parameters), clip_value);
+}
+
+/// The same for one parameter.
+inline void clip_grad_value_(const torch::Tensor& parameter, double clip_value) {
+  clip_grad_value_(std::vector<torch::Tensor>{parameter}, clip_value);
+}
+
+/// clip_grad_norm_ with gradclip's options and policy, returning the whole clip_result: clips the .grad()
+/// of every parameter in place by g <- g * c, c = max_norm / (norm + opt.epsilon) when c < 1, the norm
+/// being opt.norm over all of them, on opt.threads threads. The defaults are gradclip's (epsilon 0, a
+/// non-finite norm skipped: nothing is modified and `finite` is false); {on_nonfinite::propagate, 1e-6}
+/// is libtorch's arithmetic. Same tensors and exceptions as clip_grad_norm_.
+///
+///     auto result = gradclip::libtorch::clip_grad_norm_with(model->parameters(), 1.0);
+///     if (result.finite) optimizer.step();
 template <class Policy = robust>
-clip_result clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, options opt = {}) {
-  return detail::clip_defined<Policy>("gradclip::libtorch::clip_grad_norm_", parameters, true, max_norm, opt);
+clip_result clip_grad_norm_with(const std::vector<torch::Tensor>& parameters, double max_norm,
+                                const options& opt = {}) {
+  constexpr const char* function = "gradclip::libtorch::clip_grad_norm_with";
+  return detail::clip_tensors<Policy>(function, detail::defined_gradients(function, parameters, true), max_norm, opt);
 }
 
 /// The same on the gradient tensors themselves (undefined tensors are ignored).
 ///
 ///     auto result = gradclip::libtorch::clip_grads_({w.grad(), b.grad()}, 1.0);
 template <class Policy = robust>
-clip_result clip_grads_(const std::vector<torch::Tensor>& grads, double max_norm, options opt = {}) {
-  return detail::clip_defined<Policy>("gradclip::libtorch::clip_grads_", grads, false, max_norm, opt);
+clip_result clip_grads_(const std::vector<torch::Tensor>& grads, double max_norm, const options& opt = {}) {
+  constexpr const char* function = "gradclip::libtorch::clip_grads_";
+  return detail::clip_tensors<Policy>(function, detail::defined_gradients(function, grads, false), max_norm, opt);
 }
 
 /// Adaptive gradient clipping (gradclip::adaptive_clip, Optax's semantics) of one parameter's .grad()

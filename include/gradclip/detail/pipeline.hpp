@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -112,7 +113,7 @@ std::vector<View> pieces_for_threads(Grads& grads, unsigned wanted, unsigned& us
 /// Runs task(i) for every piece on `threads` threads, each taking a run of consecutive pieces of about
 /// equal bytes.
 template <class View, class Task>
-void run_pieces(const std::vector<View>& pieces, unsigned threads, Task&& task) {
+void run_pieces(const std::vector<View>& pieces, unsigned threads, const executor* pool, Task&& task) {
   std::size_t total = 0;
   for (const auto& p : pieces) total += piece_bytes(p);
   std::vector<std::size_t> bounds{0};
@@ -122,9 +123,13 @@ void run_pieces(const std::vector<View>& pieces, unsigned threads, Task&& task) 
     if (bounds.size() < threads && done * threads >= total * bounds.size()) bounds.push_back(i + 1);
   }
   while (bounds.size() <= threads) bounds.push_back(pieces.size());
-  thread_pool::shared().run(threads, [&](unsigned k) {
+  const std::function<void(unsigned)> job = [&](unsigned k) {
     for (std::size_t i = bounds[k]; i < bounds[k + 1]; ++i) task(i);
-  });
+  };
+  if (pool != nullptr)
+    pool->run(threads, job);
+  else
+    thread_pool::shared().run(threads, job);
 }
 
 /// The group's partial norm of kind options::norm, merged in partition order.
@@ -140,7 +145,7 @@ partial_norm reduce(const Grads& grads, const options& opt) {
     return total;
   }
   std::vector<partial_norm> parts(pieces.size());
-  run_pieces(pieces, threads, [&](std::size_t i) {
+  run_pieces(pieces, threads, opt.pool, [&](std::size_t i) {
     parts[i] = pieces[i].visit([&](const auto& piece) { return reduce_piece<Policy>(piece, order); });
   });
   for (const auto& part : parts) total.merge(part);
@@ -159,7 +164,7 @@ void for_each_run_in_place(Grads& grads, const options& opt, Kernel&& kernel) {
   unsigned threads = 1;
   const std::vector<grad_view> pieces = pieces_for_threads<grad_view>(grads, opt.threads, threads);
   if (threads <= 1) return for_each_piece(grads, in_place);
-  run_pieces(pieces, threads, [&](std::size_t i) { pieces[i].visit(in_place); });
+  run_pieces(pieces, threads, opt.pool, [&](std::size_t i) { pieces[i].visit(in_place); });
 }
 
 /// Multiplies every element of the group by c with the policy's scaling.
