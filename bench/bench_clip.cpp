@@ -244,9 +244,7 @@ void gradclip_clip_binds_2threads(benchmark::State& state, std::size_t n) {
   auto& b = buffers<T>::get(n);
   binding_loop(
       state, gradclip::norm(b.work.data(), n),
-      [&](double max_norm) {
-        return gradclip::clip_by_norm(b.work.data(), n, max_norm, two_threads).coefficient;
-      },
+      [&](double max_norm) { return gradclip::clip_by_norm(b.work.data(), n, max_norm, two_threads).coefficient; },
       [&] { std::memcpy(b.work.data(), b.pristine.data(), n * sizeof(T)); });
   set_counters(state, n * sizeof(T), 2, 1);
 }
@@ -599,6 +597,11 @@ void register_type() {
   for (bool binds : {false, true})
     add_paired(case_name("paired", binds ? "group_clip_binds" : "group_norm", d, n),
                [binds](benchmark::State& s) { paired_group<T>(s, binds); });
+  // In cache (issue 16): 128 Ki elements, 256 KiB to 1 MiB, inside L2.
+  constexpr std::size_t in_cache = 128 * 1024;
+  for (bool binds : {false, true})
+    add_paired(case_name("paired", binds ? "clip_binds" : "norm", d, in_cache),
+               [binds](benchmark::State& s) { paired<T>(s, in_cache, binds); });
 }
 
 }  // namespace

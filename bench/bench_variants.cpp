@@ -74,6 +74,24 @@ void p_norm_ratios(benchmark::State& state) {
   state.counters["l2_GBps"] = static_cast<double>(state.iterations()) * static_cast<double>(n * sizeof(T)) / l2 / 1e9;
 }
 
+// General p (1.5) by both paths of pnorm::general_kernel, paired, on short runs: where the tables'
+// cost is repaid (pnorm::tables_from). Counter: tables_speedup (tables against the series; > 1 pays).
+template <class T>
+void p_norm_tables(benchmark::State& state) {
+  namespace pnorm = gradclip::detail::pnorm;
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const auto g = random_values<T>(n);
+  const T* p = g.data();
+  const auto general = [p, n](pnorm::general_path path) {
+    return [p, n, path] { benchmark::DoNotOptimize(pnorm::general_kernel(p, n, 1.5, path).sum); };
+  };
+  std::vector<paired_timing::part> parts{{"series", general(pnorm::general_path::series)},
+                                         {"tables", general(pnorm::general_path::tables)}};
+  paired_timing::run_parts(state, parts, [] {});
+  state.counters["tables_speedup"] =
+      paired_timing::total_of(parts, "series") / paired_timing::total_of(parts, "tables");
+}
+
 // Clipping by one global norm of two tensors versus two groups with their own thresholds (neither
 // binds, so both cost the norm pass and the bookkeeping).
 template <class T>
@@ -132,6 +150,10 @@ BENCHMARK(p_norm_ratios<Eigen::half>)->Apply(ratio_sizes);
 BENCHMARK(p_norm_ratios<Eigen::bfloat16>)->Apply(ratio_sizes);
 BENCHMARK(p_norm_ratios<float>)->Apply(ratio_sizes);
 BENCHMARK(p_norm_ratios<double>)->Apply(ratio_sizes);
+BENCHMARK(p_norm_tables<Eigen::half>)->RangeMultiplier(2)->Range(1 << 9, 1 << 14);
+BENCHMARK(p_norm_tables<Eigen::bfloat16>)->RangeMultiplier(2)->Range(1 << 9, 1 << 14);
+BENCHMARK(p_norm_tables<float>)->RangeMultiplier(2)->Range(1 << 9, 1 << 14);
+BENCHMARK(p_norm_tables<double>)->RangeMultiplier(2)->Range(1 << 9, 1 << 14);
 BENCHMARK(plain_read<float>)->Apply(sizes);
 BENCHMARK(plain_read<Eigen::half>)->Apply(sizes);
 BENCHMARK(plain_read<double>)->Apply(sizes);

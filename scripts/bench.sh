@@ -3,12 +3,49 @@
 # compiler's default flags, which reach the vector kernels through runtime dispatch), runs bench_clip
 # (and bench_torch when it was built) with JSON output, and writes docs/bench/results.md and
 # docs/bench/throughput.png. Extra arguments go to every benchmark binary (e.g. --benchmark_filter=f16).
+# That full run takes about 45 minutes on two cores.
+#
+# scripts/bench.sh --quick: the headline figures in under three minutes on two cores, build included. It
+# builds the `bench` preset only and runs the paired cases at 64 Mi elements (every policy against the read
+# roofline; libtorch against gradclip when libtorch is installed) and one run of each case the throughput
+# plot needs; it prints the headline table and writes docs/bench/quick/results.md and throughput.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 gradclip_install_missing "${GRADCLIP_BASE_PACKAGES[@]}" libbenchmark-dev python3-matplotlib
 
 jobs=$(nproc)
+if [[ "${1:-}" == "--quick" ]]; then
+  if (($# > 1)); then echo "scripts/bench.sh --quick takes no other arguments" >&2; exit 2; fi
+  cmake --preset bench >/dev/null
+  targets=(bench_clip)
+  # bench_torch exists only when libtorch was found.
+  if grep -q '^GRADCLIP_WITH_TORCH:BOOL=ON' build/bench/CMakeCache.txt; then targets+=(bench_torch); fi
+  cmake --build --preset bench -j "$jobs" --target "${targets[@]}"
+  out=docs/bench/quick
+  mkdir -p "$out"
+  # The plot's series at every size, and naive Eigen's clip at 64 Mi for the table.
+  plotted='^((read|rewrite)/(256|512)|norm/(robust|max_scale|promote)|clip_binds/robust|eigen_(naive_norm|norm|stable_norm))/'
+  echo "== bench_clip: the plotted cases, one run each"
+  build/bench/bench/bench_clip --benchmark_filter="$plotted|^eigen_naive_clip/-/[a-z0-9]+/67108864/" \
+    --benchmark_out_format=json --benchmark_out="$out/sizes.json" >/dev/null
+  paired=(--benchmark_repetitions=3 --benchmark_report_aggregates_only=true --benchmark_out_format=json)
+  echo "== bench_clip: paired cases at 64 Mi elements, 3 repetitions"
+  build/bench/bench/bench_clip "${paired[@]}" --benchmark_filter='^paired/(norm|clip_binds)/[a-z0-9]+/67108864/' \
+    --benchmark_out="$out/paired.json" >/dev/null
+  torch_args=()
+  if [[ -x build/bench/bench/bench_torch ]]; then
+    echo "== bench_torch: paired cases, 3 repetitions"
+    build/bench/bench/bench_torch "${paired[@]}" --benchmark_min_time=0.2 --benchmark_filter='^paired<' \
+      --benchmark_out="$out/torch.json" >/dev/null
+    torch_args=(--torch "$out/torch.json")
+  fi
+  /usr/bin/python3 scripts/plot.py quick "$out/sizes.json" "$out/paired.json" "$out/results.md" "$out/throughput.png" \
+    "${torch_args[@]}"
+  printf '\nRun time: %d s, build included.\n' "$SECONDS" | tee -a "$out/results.md"
+  exit 0
+fi
+
 cmake --preset bench >/dev/null
 cmake --build --preset bench -j "$jobs" --target bench_clip
 cmake -S . -B build/bench-default -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ -DGRADCLIP_BUILD_TESTS=OFF \

@@ -16,5 +16,7 @@ gradclip_install_missing() {
 GRADCLIP_BASE_PACKAGES=(g++ cmake make libeigen3-dev libgtest-dev)
 # What the whole test suite needs besides: clang and clang-format; OpenMPI for the gradclip::mpi tests;
 # pkg-config for the pkg-config consumer test; libtorch for the libtorch adapter's test, example and
-# benchmark (built by the default preset only); clang's libFuzzer and sanitizer runtimes (tests/fuzz).
-GRADCLIP_TEST_PACKAGES=(clang clang-format libopenmpi-dev openmpi-bin pkg-config libtorch-dev libclang-rt-14-dev)
+# benchmark (built by the default preset only); clang's libFuzzer and sanitizer runtimes (tests/fuzz); the
+# arm64 cross toolchain and qemu-user, which runs the arm64 tests (the arm64 preset).
+GRADCLIP_TEST_PACKAGES=(clang clang-format libopenmpi-dev openmpi-bin pkg-config libtorch-dev libclang-rt-14-dev
+  g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)

@@ -3,6 +3,7 @@
 
     scripts/plot.py training <log.csv> <out.png>   # loss, clip fraction and loss scale against step
     scripts/plot.py bench <native.json> <out.md> <out.png> [--default json] [--torch json]
+    scripts/plot.py quick <sizes.json> <paired.json> <out.md> <out.png> [--torch json]   # bench.sh --quick
 
 Needs matplotlib (Debian: python3-matplotlib).
 """
@@ -105,6 +106,55 @@ def load_counters(path, prefix):
             for name, b in runs.items() if name.startswith(prefix)}
 
 
+BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
+
+
+def case_time(runs, op, policy, dtype, n):
+    """The median time of case op/policy/dtype/n (seconds), None when it was not run."""
+    return runs.get(f"{op}/{policy}/{dtype}/{n}", (None, None))[0]
+
+
+def gbs(runs, op, policy, dtype, n):
+    time = case_time(runs, op, policy, dtype, n)
+    return BYTES[dtype] * n / time / 1e9 if time else None
+
+
+def fastest(runs, op, dtype, n):
+    """The faster of the 256- and 512-bit baselines (read, rewrite, group_read)."""
+    times = [x for x in (case_time(runs, op, w, dtype, n) for w in ("256", "512")) if x]
+    return min(times) if times else None
+
+
+def roofline(runs, op, dtype, n, group=False):
+    """The read (norm, clip that does not bind) or read + rewrite (clip that binds) roofline time."""
+    read = fastest(runs, "group_read" if group else "read", dtype, n)
+    if op.endswith("clip_binds"):
+        rewrite = fastest(runs, "group_rewrite" if group else "rewrite", dtype, n)
+        return read + rewrite if read and rewrite else None
+    return read
+
+
+def fmt(x, digits=2):
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def figure(x):  # three digits below 10, so that a value shown as the target is not taken for it
+    return fmt(x, 3 if x is not None and x < 10 else 2)
+
+
+def ratio(a, b):
+    return a / b if a and b else None
+
+
+def counter(table, name, key):
+    return table.get(name, {}).get(key)
+
+
+def sizes_of(runs):
+    """The sizes of the single-buffer cases (op/policy/dtype/elements)."""
+    return sorted({int(n.split("/")[3]) for n in runs if n.count("/") == 3 and not n.startswith(("group", "paired"))})
+
+
 def bench(args):
     """Ratio tables (markdown) and a throughput plot from bench_clip's JSON (op/policy/dtype/elements),
     optionally a default-flags run of the same binary and bench_torch's JSON."""
@@ -115,35 +165,8 @@ def bench(args):
     torch_paired = load_counters(args.torch, "paired<") if args.torch else {}
     dtypes = ["f16", "bf16", "f32", "f64"]
     policies = ["robust", "max_scale", "promote", "naive"]
-    sizes = sorted({int(n.split("/")[3]) for n in native
-                    if n.count("/") == 3 and not n.startswith(("group", "paired"))})
+    sizes = sizes_of(native)
     big = [n for n in sizes if n >= 16 << 20]
-
-    def t(runs, op, policy, dtype, n):
-        return runs.get(f"{op}/{policy}/{dtype}/{n}", (None, None))[0]
-
-    def gbs(op, policy, dtype, n, runs=native):
-        time = t(runs, op, policy, dtype, n)
-        size = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}[dtype] * n
-        return size / time / 1e9 if time else None
-
-    def fastest(runs, op, dtype, n):
-        """The faster of the 256- and 512-bit baselines (read, rewrite, group_read)."""
-        times = [x for x in (t(runs, op, w, dtype, n) for w in ("256", "512")) if x]
-        return min(times) if times else None
-
-    def roofline(op, dtype, n, runs=native, group=False):
-        read = fastest(runs, "group_read" if group else "read", dtype, n)
-        if op.endswith("clip_binds"):
-            rewrite = fastest(runs, "group_rewrite" if group else "rewrite", dtype, n)
-            return read + rewrite if read and rewrite else None
-        return read
-
-    def fmt(x, digits=2):
-        return "–" if x is None else f"{x:.{digits}f}"
-
-    def ratio(a, b):
-        return a / b if a and b else None
 
     lines = [f"# gradclip benchmarks", ""]
     lines.append(
@@ -167,16 +190,16 @@ def bench(args):
         for n in big:
             for op in ["norm", "clip_binds", "clip_nobind"]:
                 for policy in policies:
-                    time = t(native, op, policy, dtype, n)
+                    time = case_time(native, op, policy, dtype, n)
                     if time is None:
                         continue
-                    eigen = t(native, "eigen_naive_clip" if op == "clip_binds" else "eigen_naive_norm", "-", dtype, n)
+                    eigen = case_time(native, "eigen_naive_clip" if op == "clip_binds" else "eigen_naive_norm", "-", dtype, n)
                     row = (
-                        f"| {dtype} | {n >> 20} Mi | {op} | {policy} | {fmt(gbs(op, policy, dtype, n), 1)} | "
-                        f"{fmt(ratio(roofline(op, dtype, n), time))} | {fmt(ratio(eigen, time), 1)} |"
+                        f"| {dtype} | {n >> 20} Mi | {op} | {policy} | {fmt(gbs(native, op, policy, dtype, n), 1)} | "
+                        f"{fmt(ratio(roofline(native, op, dtype, n), time))} | {fmt(ratio(eigen, time), 1)} |"
                     )
                     if default:
-                        row += f" {fmt(ratio(time, t(default, op, policy, dtype, n)))} |"
+                        row += f" {fmt(ratio(time, case_time(default, op, policy, dtype, n)))} |"
                     lines.append(row)
     lines.append("")
 
@@ -189,7 +212,7 @@ def bench(args):
     lines.append("|---|---|" + "---|" * len(base_ops))
     for dtype in dtypes:
         for n in sizes:
-            lines.append(f"| {dtype} | {n} | " + " | ".join(fmt(gbs(op, w, dtype, n), 1) for op, w in base_ops) + " |")
+            lines.append(f"| {dtype} | {n} | " + " | ".join(fmt(gbs(native, op, w, dtype, n), 1) for op, w in base_ops) + " |")
     lines.append("")
 
     lines.append(f"## Groups: 256 tensors of 16 Ki elements")
@@ -200,11 +223,11 @@ def bench(args):
     for dtype in dtypes:
         for op in ["group_norm", "group_clip_binds"]:
             for policy in policies:
-                time = t(native, op, policy, dtype, group_n)
+                time = case_time(native, op, policy, dtype, group_n)
                 if time:
                     lines.append(
-                        f"| {dtype} | {op} | {policy} | {fmt(gbs(op, policy, dtype, group_n), 1)} | "
-                        f"{fmt(ratio(roofline(op, dtype, group_n, group=True), time))} |"
+                        f"| {dtype} | {op} | {policy} | {fmt(gbs(native, op, policy, dtype, group_n), 1)} | "
+                        f"{fmt(ratio(roofline(native, op, dtype, group_n, group=True), time))} |"
                     )
     lines.append("")
 
@@ -214,22 +237,16 @@ def bench(args):
     lines.append("|---|---|---|---|---|---|---|")
     for dtype in dtypes:
         for n in big:
-            one, two = t(native, "norm", "robust", dtype, n), t(native, "norm_2threads", "robust", dtype, n)
-            clip_one = t(native, "clip_binds", "robust", dtype, n)
-            clip_two = t(native, "clip_binds_2threads", "robust", dtype, n)
+            one, two = case_time(native, "norm", "robust", dtype, n), case_time(native, "norm_2threads", "robust", dtype, n)
+            clip_one = case_time(native, "clip_binds", "robust", dtype, n)
+            clip_two = case_time(native, "clip_binds_2threads", "robust", dtype, n)
             if two:
                 lines.append(
-                    f"| {dtype} | {n >> 20} Mi | {fmt(gbs('norm', 'robust', dtype, n), 1)} | "
-                    f"{fmt(gbs('norm_2threads', 'robust', dtype, n), 1)} | {fmt(ratio(one, two))} | "
-                    f"{fmt(gbs('read_2threads', '-', dtype, n), 1)} | {fmt(ratio(clip_one, clip_two))} |"
+                    f"| {dtype} | {n >> 20} Mi | {fmt(gbs(native, 'norm', 'robust', dtype, n), 1)} | "
+                    f"{fmt(gbs(native, 'norm_2threads', 'robust', dtype, n), 1)} | {fmt(ratio(one, two))} | "
+                    f"{fmt(gbs(native, 'read_2threads', '-', dtype, n), 1)} | {fmt(ratio(clip_one, clip_two))} |"
                 )
     lines.append("")
-
-    def counter(table, name, key):
-        return table.get(name, {}).get(key)
-
-    def figure(x):  # three digits below 10, so that a value shown as the target is not taken for it
-        return fmt(x, 3 if x is not None and x < 10 else 2)
 
     if paired:
         lines.append("## Paired: ratios measured inside one loop")
@@ -261,32 +278,32 @@ def bench(args):
     checks = []
     for dtype in ["f16", "bf16", "f32"]:
         checks.append((f"robust norm {dtype} x read roofline", counter(paired, f"paired/norm/{dtype}/{n}", "robust_x_roofline"),
-                       ratio(roofline("norm", dtype, n), t(native, "norm", "robust", dtype, n)), ">=", 0.9))
+                       ratio(roofline(native, "norm", dtype, n), case_time(native, "norm", "robust", dtype, n)), ">=", 0.9))
         checks.append((f"robust clip that binds {dtype} x (read + rewrite) roofline",
                        counter(paired, f"paired/clip_binds/{dtype}/{n}", "robust_x_roofline"),
-                       ratio(roofline("clip_binds", dtype, n), t(native, "clip_binds", "robust", dtype, n)), ">=", 0.85))
+                       ratio(roofline(native, "clip_binds", dtype, n), case_time(native, "clip_binds", "robust", dtype, n)), ">=", 0.85))
     for dtype in dtypes:
-        promote = t(native, "norm", "promote", dtype, n)
+        promote = case_time(native, "norm", "promote", dtype, n)
         checks.append((f"max_scale / promote time, norm {dtype}", counter(paired, f"paired/norm/{dtype}/{n}", "max_scale_per_promote"),
-                       ratio(t(native, "norm", "max_scale", dtype, n), promote), "<=", 1.15))
+                       ratio(case_time(native, "norm", "max_scale", dtype, n), promote), "<=", 1.15))
         checks.append((f"robust / promote time, norm {dtype}", counter(paired, f"paired/norm/{dtype}/{n}", "robust_per_promote"),
-                       ratio(t(native, "norm", "robust", dtype, n), promote), "<=", 1.1))
+                       ratio(case_time(native, "norm", "robust", dtype, n), promote), "<=", 1.1))
     checks.append(("FP16 clip that binds: naive Eigen time / robust time", None,
-                   ratio(t(native, "eigen_naive_clip", "-", "f16", n), t(native, "clip_binds", "robust", "f16", n)), ">=", 20))
+                   ratio(case_time(native, "eigen_naive_clip", "-", "f16", n), case_time(native, "clip_binds", "robust", "f16", n)), ">=", 20))
     if default:
         for op in ["norm", "clip_binds"]:
             checks.append((f"FP16 robust {op}: default-flags speed / -march=native speed", None,
-                           ratio(t(native, op, "robust", "f16", n), t(default, op, "robust", "f16", n)), ">=", 0.7))
+                           ratio(case_time(native, op, "robust", "f16", n), case_time(default, op, "robust", "f16", n)), ">=", 0.7))
     if torch:
         for tensors, elements, mine in [(1, 64 << 20, "clip_binds"), (256, 16 << 10, "group_clip_binds")]:
             key = f"libtorch_clip_grad_norm_<float32>/tensors:{tensors}/elements:{elements}"
-            ours = t(native, mine, "robust", "f32", tensors * elements)
+            ours = case_time(native, mine, "robust", "f32", tensors * elements)
             if key in torch and ours:
                 checks.append((f"FP32 clip, {tensors} x {elements}: libtorch clip_grad_norm_ time / gradclip",
                                counter(torch_paired, f"paired<float32>/tensors:{tensors}/elements:{elements}", "libtorch_per_gradclip"),
                                torch[key][0] / ours, ">=", 1.3 if tensors == 1 else 3))
         key = f"libtorch_cast_float<float16>/tensors:1/elements:{64 << 20}"
-        ours = t(native, "clip_binds", "robust", "f16", 64 << 20)
+        ours = case_time(native, "clip_binds", "robust", "f16", 64 << 20)
         if key in torch and ours:
             checks.append(("FP16 clip: libtorch cast-to-float time / gradclip",
                            counter(torch_paired, f"paired<float16>/tensors:1/elements:{64 << 20}", "libtorch_per_gradclip"),
@@ -315,6 +332,13 @@ def bench(args):
         f.write("\n".join(lines))
     print(f"wrote {args.markdown}")
 
+    throughput_plot(native, context, args.png)
+
+
+def throughput_plot(runs, context, png):
+    """GB/s against size, one panel per element type: the rooflines, the policies' norms, the robust clip
+    and Eigen's norms, from whichever of those cases were run."""
+    sizes = sizes_of(runs)
     plt = load_matplotlib()
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
     series = [
@@ -326,16 +350,16 @@ def bench(args):
         ("eigen_norm", "-", "Eigen norm()", ":"),
         ("eigen_stable_norm", "-", "Eigen stableNorm()", ":"),
     ]
-    for ax, dtype in zip(axes.flat, dtypes):
-        size_bytes = [{"f16": 2, "bf16": 2, "f32": 4, "f64": 8}[dtype] * n for n in sizes]
-        roof = [b / roofline("norm", dtype, n) / 1e9 if roofline("norm", dtype, n) else None
+    for ax, dtype in zip(axes.flat, ["f16", "bf16", "f32", "f64"]):
+        size_bytes = [BYTES[dtype] * n for n in sizes]
+        roof = [b / roofline(runs, "norm", dtype, n) / 1e9 if roofline(runs, "norm", dtype, n) else None
                 for n, b in zip(sizes, size_bytes)]
         ax.plot(sizes, roof, color="black", linewidth=2.5, label="roofline: plain read")
-        both = [b / roofline("clip_binds", dtype, n) / 1e9 if roofline("clip_binds", dtype, n) else None
+        both = [b / roofline(runs, "clip_binds", dtype, n) / 1e9 if roofline(runs, "clip_binds", dtype, n) else None
                 for n, b in zip(sizes, size_bytes)]
         ax.plot(sizes, both, color="gray", linewidth=2.5, linestyle="--", label="roofline: read + rewrite")
         for op, policy, label, style in series:
-            values = [gbs(op, policy, dtype, n) for n in sizes]
+            values = [gbs(runs, op, policy, dtype, n) for n in sizes]
             if any(values):
                 ax.plot(sizes, values, marker="o", markersize=3, linestyle=style, label=label)
         ax.set_xscale("log", base=2)
@@ -347,8 +371,60 @@ def bench(args):
     axes.flat[0].legend(fontsize="small")
     fig.suptitle(f"gradclip throughput vs size ({context.get('gradclip_isa', '?')} kernels, one thread)")
     fig.tight_layout()
-    fig.savefig(args.png, dpi=100)
-    print(f"wrote {args.png}")
+    fig.savefig(png, dpi=100)
+    print(f"wrote {png}")
+
+
+def quick(args):
+    """The headline figures of scripts/bench.sh --quick (markdown, also printed) and the throughput plot:
+    the paired ratios at the largest size, naive Eigen and libtorch against gradclip."""
+    sized, context = load_benchmarks(args.sizes)
+    paired = load_counters(args.paired, "paired/")
+    torch_paired = load_counters(args.torch, "paired<") if args.torch else {}
+    dtypes = ["f16", "bf16", "f32", "f64"]
+    n = max(int(name.split("/")[3]) for name in paired)
+
+    def paired_row(label, op, key, target):
+        return label, [counter(paired, f"paired/{op}/{d}/{n}", key) for d in dtypes], target
+
+    def torch_row(label, tensors, elements, target):  # bench_torch's layouts
+        return label, [counter(torch_paired, f"paired<{t}>/tensors:{tensors}/elements:{elements}", "libtorch_per_gradclip")
+                       if t else None for t in ("float16", None, "float32", None)], target
+
+    rows = [
+        paired_row("robust norm, × plain-read roofline", "norm", "robust_x_roofline", "≥ 0.9"),
+        paired_row("max_scale norm, × plain-read roofline", "norm", "max_scale_x_roofline", "–"),
+        paired_row("promote norm (the plainest kernel), × plain-read roofline", "norm", "promote_x_roofline", "–"),
+        paired_row("robust clip that binds, × (read + rewrite) roofline", "clip_binds", "robust_x_roofline", "≥ 0.85"),
+        paired_row("max_scale time / promote time (norm)", "norm", "max_scale_per_promote", "≤ 1.15"),
+        paired_row("robust time / promote time (norm)", "norm", "robust_per_promote", "≤ 1.1"),
+        ("robust clip that binds, × faster than naive Eigen (separate cases)",
+         [ratio(case_time(sized, "eigen_naive_clip", "-", d, n), case_time(sized, "clip_binds", "robust", d, n))
+          for d in dtypes], "FP16 ≥ 20"),
+    ]
+    if torch_paired:
+        rows.append(torch_row("libtorch time / gradclip, clip that binds (FP16: libtorch's cast-to-float code)", 1,
+                              64 << 20, "FP16 ≥ 20, FP32 ≥ 1.3"))
+        rows.append(torch_row("the same on 256 tensors of 16 Ki", 256, 16 << 10, "FP32 ≥ 3"))
+
+    lines = [
+        f"Machine: {context.get('host_name', '?')}, {context.get('num_cpus', '?')} CPUs at "
+        f"{context.get('mhz_per_cpu', '?')} MHz; kernels: {context.get('gradclip_isa', '?')} "
+        f"({context.get('gradclip_build', '?')}); one thread; paired ratios are medians of "
+        f"{args.repetitions} repetitions, the other cases single runs.",
+        "",
+        f"| figure ({n >> 20} Mi elements, paired) | FP16 | BF16 | FP32 | FP64 | target |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {label} | " + " | ".join(figure(v) for v in values) + f" | {target} |" for label, values, target in rows]
+    if not torch_paired:
+        lines += ["", "libtorch rows: bench_torch was not built (libtorch not found)."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(args.markdown, "w") as f:
+        f.write(text)
+    print(f"wrote {args.markdown}")
+    throughput_plot(sized, context, args.png)
 
 
 def main():
@@ -368,6 +444,15 @@ def main():
     p.add_argument("--default", help="bench_clip JSON of the default-flags build")
     p.add_argument("--torch", help="bench_torch JSON")
     p.set_defaults(run=bench)
+
+    p = commands.add_parser("quick", help="headline table and throughput plot of scripts/bench.sh --quick")
+    p.add_argument("sizes", help="bench_clip JSON of the cases at every size (single runs)")
+    p.add_argument("paired", help="bench_clip JSON of the paired cases")
+    p.add_argument("markdown", help="output table (markdown)")
+    p.add_argument("png", help="output plot")
+    p.add_argument("--torch", help="bench_torch JSON of its paired cases")
+    p.add_argument("--repetitions", type=int, default=3, help="repetitions of the paired cases")
+    p.set_defaults(run=quick)
 
     args = parser.parse_args()
     args.run(args)

@@ -129,7 +129,8 @@ TEST(GroupClip, BadThresholdsAndOrdersThrowNamingTheGroup) {
       EXPECT_EQ(std::string(e.what()).rfind("gradclip::clip_by_group_norms: group \"rest\":", 0), 0u) << e.what();
     }
   }
-  EXPECT_THROW((void)gradclip::clip_by_group_norms({{"rest", m.rest(), 1.0}}, {on_nonfinite::skip, 0.0, gradclip::norm_type{0.0}}),
+  EXPECT_THROW((void)gradclip::clip_by_group_norms({{"rest", m.rest(), 1.0}},
+                                                   {on_nonfinite::skip, 0.0, gradclip::norm_type{0.0}}),
                std::invalid_argument);
   EXPECT_TRUE(same_bits(m.embedding, copy.embedding));
   EXPECT_TRUE(same_bits(m.w1, copy.w1));

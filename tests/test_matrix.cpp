@@ -21,7 +21,8 @@ namespace {
 
 using namespace gradclip_test;
 
-const gradclip::norm_type norms[] = {gradclip::l1_norm, gradclip::l2_norm, gradclip::inf_norm, gradclip::norm_type{3.0}};
+const gradclip::norm_type norms[] = {gradclip::l1_norm, gradclip::l2_norm, gradclip::inf_norm,
+                                     gradclip::norm_type{3.0}};
 
 /// The documented relative error of the norm: the policy's bound for L2 (policies.hpp), the p-norm
 /// kernels' 1e-12 for the others (exact for the maximum).
@@ -89,8 +90,8 @@ void check_front_ends(double p) {
        }},
       {"braced list", false, true, 1.0,
        [&](model<T>& m, double c) {
-         return gradclip::clip_by_global_norm<Policy>(
-             {m.tensors[0], m.tensors[1], m.tensors[2], m.tensors[3], m.bias}, c, opt);
+         return gradclip::clip_by_global_norm<Policy>({m.tensors[0], m.tensors[1], m.tensors[2], m.tensors[3], m.bias},
+                                                      c, opt);
        }},
       {"two threads", false, false, 1.0,
        [&](model<T>& m, double c) { return gradclip::clip_by_global_norm<Policy>(m.tensors, c, two_threads); }},
@@ -99,7 +100,9 @@ void check_front_ends(double p) {
          return gradclip::loss_scaler(gradclip::loss_scaler_config{1024.0}).unscale_and_clip<Policy>(m.tensors, c, opt);
        }},
       {"loss scaler, S = 3", false, false, 3.0,
-       [&](model<T>& m, double c) { return gradclip::loss_scaler(gradclip::loss_scaler_config{3.0}).unscale_and_clip<Policy>(m.tensors, c, opt); }},
+       [&](model<T>& m, double c) {
+         return gradclip::loss_scaler(gradclip::loss_scaler_config{3.0}).unscale_and_clip<Policy>(m.tensors, c, opt);
+       }},
   };
 
   for (const auto& f : front_ends) {
@@ -164,9 +167,9 @@ TYPED_TEST(Matrix, NormFunctionsTakeConstViews) {
     const double bound = norm_bound<gradclip::robust, T>(type.p());
     EXPECT_LE(relative_error(gradclip::global_norm(group, opt), exact), bound) << type.p();
     EXPECT_LE(relative_error(gradclip::partial_global_norm(m.tensors, opt).norm(), exact), bound) << type.p();
-    EXPECT_LE(relative_error(gradclip::global_norm({m.tensors[0], m.tensors[1], m.tensors[2], m.tensors[3]}, opt),
-                             exact),
-              bound)
+    EXPECT_LE(
+        relative_error(gradclip::global_norm({m.tensors[0], m.tensors[1], m.tensors[2], m.tensors[3]}, opt), exact),
+        bound)
         << type.p();
     const gradclip::const_grad_view first(m.tensors[0].data(), m.tensors[0].size());
     EXPECT_EQ(gradclip::norm(first, opt), gradclip::norm(m.tensors[0].data(), m.tensors[0].size(), opt));

@@ -182,8 +182,8 @@ TEST(PNorm, SmallAndLargeOrders) {
     std::vector<double> near_one = g, tiny = g;
     for (double& x : near_one) x = std::ldexp(x, -1000);
     for (double& x : tiny) x = std::ldexp(x, -1900);
-    EXPECT_NEAR(std::ldexp(gradclip::norm(tiny, by(norm_type{p})), 900) / gradclip::norm(near_one, by(norm_type{p})), 1.0,
-                1e-14)
+    EXPECT_NEAR(std::ldexp(gradclip::norm(tiny, by(norm_type{p})), 900) / gradclip::norm(near_one, by(norm_type{p})),
+                1.0, 1e-14)
         << "p = " << p;
   }
 }
@@ -265,7 +265,8 @@ TYPED_TEST(PNormTyped, NonFiniteElementsFollowTheOption) {
     auto result = gradclip::clip_by_norm(g, 1.0, by(norm_type{p}));
     EXPECT_FALSE(result.finite || result.clipped);
     EXPECT_TRUE(same_bits(g, with_inf));
-    EXPECT_THROW((void)gradclip::clip_by_norm(g, 1.0, by(norm_type{p}, on_nonfinite::error)), gradclip::nonfinite_error);
+    EXPECT_THROW((void)gradclip::clip_by_norm(g, 1.0, by(norm_type{p}, on_nonfinite::error)),
+                 gradclip::nonfinite_error);
     EXPECT_TRUE(same_bits(g, with_inf));
     result = gradclip::clip_by_norm(g, 1.0, by(norm_type{p}, on_nonfinite::propagate));
     EXPECT_EQ(result.coefficient, 0.0);
@@ -313,8 +314,8 @@ TEST(PNorm, GlobalClipUsesOneCoefficient) {
   std::vector<float> a{1.0f, 1.0f};
   Eigen::VectorXd b(2);
   b << 1.0, 1.0;
-  const auto mixed = gradclip::clip_by_global_norm({gradclip::grad_view(a), gradclip::grad_view(b)}, 2.0,
-                                                   by(gradclip::l1_norm));
+  const auto mixed =
+      gradclip::clip_by_global_norm({gradclip::grad_view(a), gradclip::grad_view(b)}, 2.0, by(gradclip::l1_norm));
   EXPECT_EQ(mixed.norm, 4.0);
   EXPECT_EQ(a[0], 0.5f);
   EXPECT_EQ(b(1), 0.5);

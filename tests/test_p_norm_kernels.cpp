@@ -1,6 +1,8 @@
 // The p-norm kernels (detail/p_norm_kernels.hpp): every vector version against the scalar one bit for
-// bit, and power_sum_kernel's partial norms against binary128 sums of |x|^p, including scale changes,
-// the ends of each type's range, NaN and Inf anywhere, and small and large p.
+// bit (the table terms too), the 16-bit elements' plain table loads against the gathered table terms
+// for every magnitude, and the partial norms of both paths for general p (series, tables) against
+// binary128 sums of |x|^p, including scale changes, the ends of each type's range, NaN and Inf
+// anywhere, and small and large p.
 #include <gradclip/detail/p_norm_kernels.hpp>
 #include <gradclip/partial_norm.hpp>
 
@@ -65,31 +67,54 @@ quad quad_power_of_two(int e) {
   return result;
 }
 
-/// a^p in binary128 for the orders below: products and square roots.
+/// a^p in binary128 for p a multiple of 1/4: products and square roots.
 quad quad_power(quad a, double p) {
-  if (p == 0.5) return quad_sqrt(a);
-  if (p == 0.75) return quad_sqrt(a) * quad_sqrt(quad_sqrt(a));
-  if (p == 1.25) return a * quad_sqrt(quad_sqrt(a));
-  if (p == 1.5) return a * quad_sqrt(a);
-  if (p == 2.5) return a * a * quad_sqrt(a);
-  quad result = 1;
+  const double quarters = 4 * (p - std::floor(p));
+  EXPECT_EQ(quarters, std::floor(quarters)) << "p = " << p;
+  quad result = quarters == 0 ? quad(1) : quarters == 1 ? quad_sqrt(quad_sqrt(a)) : quad_sqrt(a);
+  if (quarters == 3) result *= quad_sqrt(quad_sqrt(a));
   for (int k = 0; k < static_cast<int>(p); ++k) result *= a;
   return result;
 }
-const std::vector<double> orders{0.5, 0.75, 1.0, 1.25, 1.5, 2.5, 3.0, 4.0, 7.0};
+// 7.75 and 8: the tables' series is least accurate near its largest order.
+const std::vector<double> orders{0.5, 0.75, 1.0, 1.25, 1.5, 2.5, 3.0, 4.0, 7.0, 7.75, 8.0};
+
+/// The partial norm by power_sum_kernel (path < 0) or by general_kernel on the given path.
+template <class T>
+partial_norm power_sum(const std::vector<T>& g, double p, int path) {
+  if (path < 0 || p == 1.0 || std::isinf(p)) return gradclip::detail::power_sum_kernel(g.data(), g.size(), p);
+  return pnorm::general_kernel(g.data(), g.size(), p, static_cast<pnorm::general_path>(path));
+}
+
+/// Every way of computing the partial norm of g: power_sum_kernel's choice, then each general path.
+template <class T>
+std::vector<int> all_paths(double p) {
+  std::vector<int> paths{-1};
+  if (p != 1.0 && !std::isinf(p) && p <= pnorm::power_tables<T>::max_order)
+    for (auto path : {pnorm::general_path::series, pnorm::general_path::tables})
+      paths.push_back(static_cast<int>(path));
+  return paths;
+}
 
 /// The kernel's part against sum (|x| 2^-E)^p in binary128, E its exponent: the sum is within 1e-13
 /// (so the norm within 2e-13 for p >= 0.5, under the documented 1e-12).
 template <class T>
 void expect_sum_within_bound(const std::vector<T>& g, double p, const std::string& what) {
-  const partial_norm part = gradclip::detail::power_sum_kernel(g.data(), g.size(), p);
-  ASSERT_TRUE(part.finite) << what;
-  EXPECT_EQ(part.p, p);
-  const quad unit = quad_power_of_two(-part.exponent);
-  quad exact = 0;
-  for (const T& x : g) exact += quad_power(quad_abs(to_quad(x)) * unit, p);
-  EXPECT_LE(relative_error(part.sum, exact), 1e-13)
-      << what << " " << type_name<T>() << " p = " << p << " n = " << g.size() << " exponent " << part.exponent;
+  int exponent = 0;
+  quad exact = -1;
+  for (int path : all_paths<T>(p)) {
+    const partial_norm part = power_sum(g, p, path);
+    ASSERT_TRUE(part.finite) << what;
+    EXPECT_EQ(part.p, p);
+    if (exact < 0 || part.exponent != exponent) {  // every path picks the same scale, as a rule
+      exponent = part.exponent;
+      const quad unit = quad_power_of_two(-exponent);
+      exact = 0;
+      for (const T& x : g) exact += quad_power(quad_abs(to_quad(x)) * unit, p);
+    }
+    EXPECT_LE(relative_error(part.sum, exact), 1e-13) << what << " " << type_name<T>() << " p = " << p << " path "
+                                                      << path << " n = " << g.size() << " exponent " << part.exponent;
+  }
 }
 
 TYPED_TEST(PNormKernels, VectorLoopsMatchScalarBitForBit) {
@@ -105,17 +130,64 @@ TYPED_TEST(PNormKernels, VectorLoopsMatchScalarBitForBit) {
         const T* p = data.data() + offset;
         EXPECT_EQ(bits_of(pnorm::sum_abs(target, p, n)), bits_of(pnorm::sum_abs(isa::portable, p, n)));
         EXPECT_EQ(bits_of(pnorm::max_abs(target, p, n)), bits_of(pnorm::max_abs(isa::portable, p, n)));
-        for (double order : {0.01, 0.5, 1.5, 3.0, 4.0, 7.3}) {
-          pnorm::power_run run{order};
-          run.set_scale(std::is_same_v<T, double> ? 0.75 : 1.5);
-          const std::size_t m = std::min(n, gradclip::detail::block_size);
-          double top = 0, top_ref = 0;
-          const double sum = run.block(target, p, m, top);
-          const double ref = run.block(isa::portable, p, m, top_ref);
-          EXPECT_EQ(bits_of(sum), bits_of(ref)) << "p = " << order;
-          EXPECT_EQ(top, top_ref);
-        }
+        for (double order : {0.01, 0.5, 1.5, 3.0, 4.0, 7.3})
+          for (bool tabled : {false, true}) {  // each instruction set builds its own tables
+            const double scale_top = std::is_same_v<T, double> ? 0.75 : 1.5;
+            pnorm::power_tables<T> tables, tables_ref;
+            pnorm::power_run<T> run{order}, run_ref{order};
+            if (tabled) {
+              tables.set_order(target, order);
+              tables_ref.set_order(isa::portable, order);
+              run.tables = &tables;
+              run_ref.tables = &tables_ref;
+            }
+            run.set_scale(target, scale_top);
+            run_ref.set_scale(isa::portable, scale_top);
+            const std::size_t m = std::min(n, gradclip::detail::block_size);
+            double top = 0, top_ref = 0;
+            const double sum = run.block(target, p, m, top);
+            const double ref = run_ref.block(isa::portable, p, m, top_ref);
+            EXPECT_EQ(bits_of(sum), bits_of(ref)) << "p = " << order << " tables " << tabled;
+            EXPECT_EQ(top, top_ref);
+          }
       }
+}
+
+TEST(PNormRawTables, MatchTableTermsForEveryMagnitude) {
+  // 16-bit elements look their tables up with plain loads (raw_sum), the others with gathers
+  // (table_term): for every finite 15-bit magnitude, both give the same term, and blocks of them (with
+  // both signs) the same sums.
+  const auto check = [](auto zero) {
+    using T = decltype(zero);
+    const auto finite = Eigen::numext::bit_cast<std::uint16_t>(std::numeric_limits<T>::infinity());
+    std::vector<T> all(finite);
+    for (std::size_t k = 0; k < all.size(); ++k) all[k] = Eigen::numext::bit_cast<T>(static_cast<std::uint16_t>(k));
+    for (double order : {0.01, 0.5, 1.5, 7.75}) {
+      pnorm::power_tables<T> tables;
+      tables.set_order(isa::portable, order);
+      pnorm::power_run<T> run{order, &tables};
+      run.set_scale(isa::portable, 0.75);
+      for (std::size_t start = 0; start < all.size(); start += 1000) {
+        const std::size_t m = std::min<std::size_t>(1000, all.size() - start);
+        std::vector<T> block(all.begin() + static_cast<std::ptrdiff_t>(start),
+                             all.begin() + static_cast<std::ptrdiff_t>(start + m));
+        for (std::size_t i = 0; i < m; ++i) {
+          double top = 0, top_ref = 0;
+          const double term = run.block(isa::portable, &block[i], 1, top);
+          const double ref = pnorm::table_block(isa::portable, &block[i], 1, tables, top_ref);
+          ASSERT_EQ(bits_of(term), bits_of(ref)) << type_name<T>() << " p = " << order << " bits " << start + i;
+        }
+        for (std::size_t i = 0; i < m; i += 3) block[i] = -block[i];
+        double top = 0, top_ref = 0;
+        const double sum = run.block(isa::portable, block.data(), m, top);
+        const double ref = pnorm::table_block(isa::portable, block.data(), m, tables, top_ref);
+        EXPECT_EQ(bits_of(sum), bits_of(ref)) << type_name<T>() << " p = " << order << " from " << start;
+        EXPECT_EQ(top, top_ref);
+      }
+    }
+  };
+  check(Eigen::half(0.0f));
+  check(Eigen::bfloat16(0.0f));
 }
 
 TYPED_TEST(PNormKernels, SumsWithinBoundOfBinary128) {
@@ -175,25 +247,33 @@ TYPED_TEST(PNormKernels, NanWinsOverInfAnywhere) {
   std::mt19937_64 rng(seed);
   for (std::size_t n : {1u, 17u, 1024u, 3001u})
     for (std::size_t at : {std::size_t{0}, n / 2, n - 1})
-      for (double p : {0.5, 1.0, 1.5, 3.0, 4.0, inf}) {
-        auto g = random_gradient<T>(n, rng, 1.0);
-        g[at] = infinity;
-        partial_norm part = gradclip::detail::power_sum_kernel(g.data(), n, p);
-        EXPECT_FALSE(part.finite);
-        EXPECT_EQ(part.sum, inf) << "p = " << p << " n = " << n << " at " << at;
-        EXPECT_EQ(part.p, p);
-        g[n - 1 - at] = -nan;
-        part = gradclip::detail::power_sum_kernel(g.data(), n, p);
-        EXPECT_FALSE(part.finite);
-        EXPECT_TRUE(std::isnan(part.sum)) << "p = " << p << " n = " << n << " at " << at;
-      }
+      for (double p : {0.5, 1.0, 1.5, 3.0, 4.0, inf})
+        for (int path : all_paths<T>(p)) {
+          auto g = random_gradient<T>(n, rng, 1.0);
+          g[at] = infinity;
+          partial_norm part = power_sum(g, p, path);
+          EXPECT_FALSE(part.finite);
+          EXPECT_EQ(part.sum, inf) << "p = " << p << " path " << path << " n = " << n << " at " << at;
+          EXPECT_EQ(part.p, p);
+          g[n - 1 - at] = -nan;
+          part = power_sum(g, p, path);
+          EXPECT_FALSE(part.finite);
+          EXPECT_TRUE(std::isnan(part.sum)) << "p = " << p << " path " << path << " n = " << n << " at " << at;
+        }
 }
 
 TEST(PNormKernelOrders, SmallAndLargeP) {
-  // (1 + 1)^(1/0.01) = 2^100.
+  // (1 + 1)^(1/0.01) = 2^100, on every path.
   const std::vector<double> ones(2, 1.0);
-  const partial_norm small = gradclip::detail::power_sum_kernel(ones.data(), ones.size(), 0.01);
-  EXPECT_NEAR(small.norm() / 0x1p100, 1.0, 1e-13);
+  for (int path : all_paths<double>(0.01)) {
+    const partial_norm small = power_sum(ones, 0.01, path);
+    EXPECT_NEAR(small.norm() / 0x1p100, 1.0, 1e-13) << "path " << path;
+  }
+  const std::vector<Eigen::half> half_ones(2, Eigen::half(1.0f));
+  for (int path : all_paths<Eigen::half>(0.01)) {
+    const partial_norm small = power_sum(half_ones, 0.01, path);
+    EXPECT_NEAR(small.norm() / 0x1p100, 1.0, 1e-13) << "path " << path;
+  }
   // Large integer p against binary128, with maxima whose mantissa makes the largest term near 2^p.
   std::mt19937_64 rng(seed);
   auto g = random_gradient<double>(3000, rng, 1e300);

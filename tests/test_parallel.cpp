@@ -179,8 +179,8 @@ TEST(Parallel, EigenThreadPoolsRunTheSamePartition) {
   const gradclip::eigen_executor<Eigen::ThreadPoolInterface> on_pool(threads);
   auto serial = original;
   const auto one = gradclip::clip_by_norm(serial.data(), serial.size(), 1.0);
-  for (const gradclip::executor* pool : {static_cast<const gradclip::executor*>(&on_device),
-                                         static_cast<const gradclip::executor*>(&on_pool)}) {
+  for (const gradclip::executor* pool :
+       {static_cast<const gradclip::executor*>(&on_device), static_cast<const gradclip::executor*>(&on_pool)}) {
     gradclip::options opt = threaded(4);
     opt.pool = pool;
     EXPECT_EQ(gradclip::norm(original.data(), original.size(), opt), one.norm);

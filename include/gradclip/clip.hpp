@@ -41,8 +41,8 @@ T largest_not_above(double limit) noexcept {
 ///
 /// When c >= 1 the gradient is left bit-for-bit untouched and the coefficient is exactly 1. Non-finite
 /// norms follow opt.nonfinite (skip by default: untouched, `finite = false`). With the robust policy each
-/// clipped FP16, BF16 or FP32 element is within one unit in the last place of the exact g * c; an FP64
-/// element within one ulp plus the FP64 norm's rounding error (about 1e-15 relative). Runs on up to
+/// clipped FP16, BF16 or FP32 or FP64 element is within one unit in the last place of the exact g * c
+/// (FP64: compensated sum of squares, double-double coefficient, one rounding). Runs on up to
 /// opt.threads threads with results identical for every thread count. Throws std::invalid_argument for a
 /// negative or NaN max_norm and for bad options.
 ///

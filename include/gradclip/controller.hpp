@@ -54,7 +54,8 @@ clip_result clip_by_global_norm(Grads&& grads, Controller& controller, const opt
 
 /// The same for a braced list of gradients of any element types: clip_by_global_norm({w, b}, controller).
 template <class Policy = robust, class Controller, class = std::enable_if_t<is_threshold_controller_v<Controller>>>
-clip_result clip_by_global_norm(std::initializer_list<grad_view> grads, Controller& controller, const options& opt = {}) {
+clip_result clip_by_global_norm(std::initializer_list<grad_view> grads, Controller& controller,
+                                const options& opt = {}) {
   return detail::clip<Policy>("gradclip::clip_by_global_norm", grads, detail::controlled<Controller>{controller}, opt);
 }
 

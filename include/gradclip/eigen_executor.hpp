@@ -32,7 +32,8 @@ class eigen_executor final : public executor {
   void run(unsigned count, const std::function<void(unsigned)>& job) const override {
     if (count == 0) return;
     Eigen::Barrier barrier(count - 1);
-    for (unsigned k = 1; k < count; ++k) schedule([&job, &barrier, k] {
+    for (unsigned k = 1; k < count; ++k)
+      schedule([&job, &barrier, k] {
         job(k);
         barrier.Notify();
       });

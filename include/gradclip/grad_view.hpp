@@ -123,8 +123,7 @@ class erased_view {
   template <bool Const, class T>
   auto typed() const noexcept {
     using element = std::conditional_t<Const, const T, T>;
-    return strided_view<element>{static_cast<element*>(data_), inner_size_, inner_stride_, outer_size_,
-                                 outer_stride_};
+    return strided_view<element>{static_cast<element*>(data_), inner_size_, inner_stride_, outer_size_, outer_stride_};
   }
 
   void* data_;
@@ -183,7 +182,8 @@ class const_grad_view : public detail::erased_view {
  public:
   /// A contiguous buffer of `size` elements.
   template <class T, class = std::enable_if_t<detail::is_element_v<T>>>
-  const_grad_view(const T* data, std::size_t size) noexcept : const_grad_view(detail::strided_view<const T>{data, size}) {}
+  const_grad_view(const T* data, std::size_t size) noexcept
+      : const_grad_view(detail::strided_view<const T>{data, size}) {}
 
   /// Any gradient, const or not, and any grad_view. It must outlive the view.
   template <class G, class = std::enable_if_t<detail::is_gradient_v<const G&> &&

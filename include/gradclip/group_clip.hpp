@@ -46,7 +46,8 @@ std::vector<group_clip_result> clip_by_group_norms(const std::vector<param_group
   std::vector<detail::clip_plan> plans;
   plans.reserve(groups.size());
   for (const auto& group : groups)
-    plans.push_back(detail::plan_clip(where(group).c_str(), detail::reduce<Policy>(group.grads, opt), group.max_norm, opt));
+    plans.push_back(
+        detail::plan_clip(where(group).c_str(), detail::reduce<Policy>(group.grads, opt), group.max_norm, opt));
   std::vector<group_clip_result> results;
   results.reserve(groups.size());
   for (std::size_t i = 0; i < groups.size(); ++i) {

@@ -246,8 +246,8 @@ class loss_scaler {
           detail::apply<Policy>(grads, plan.coefficient / detail::scaled::of(s), opt);
         } else if (s != 1.0) {
           // x / S in one FP64 division: correctly rounded to every element type, subnormals included.
-          detail::for_each_run_in_place(
-              grads, opt, [&](auto* p, std::size_t n) { detail::divide(detail::best_isa(), p, n, s); });
+          detail::for_each_run_in_place(grads, opt,
+                                        [&](auto* p, std::size_t n) { detail::divide(detail::best_isa(), p, n, s); });
         }
       };
       return detail::run_pipeline(function, source, opt, reduced, write);

@@ -185,8 +185,8 @@ inline partial_norm combine(const char* function, MPI_Comm own, const agreement&
     const int max_exponent = exponent_of_word(a.words[0]);
     const partial_norm::exact_sum part = a.local.reduction_exact_sum(max_exponent);
     partial_norm::exact_sum total{};
-    check(MPI_Allreduce(part.data(), total.data(), static_cast<int>(part.size()), MPI_INT64_T, MPI_SUM, own),
-          function, "MPI_Allreduce");
+    check(MPI_Allreduce(part.data(), total.data(), static_cast<int>(part.size()), MPI_INT64_T, MPI_SUM, own), function,
+          "MPI_Allreduce");
     return partial_norm::from_reduction(max_exponent, total, order);
   }
   int size = 0;

@@ -45,6 +45,10 @@ struct partial_norm {
   double sum = 0.0;
   bool finite = true;
   double p = 2.0;  ///< which norm this is a part of: > 0, or +inf for the maximum
+  /// The sum's tail: sum + low is the sum to about 2^-100 where the parts carried one (robust FP64 sums of
+  /// squares), merges adding their rounding errors to it; clipping and the L2 norm use it, the all-reduce
+  /// helpers do not.
+  double low = 0.0;
 
   /// The exponent a zero or non-finite part contributes to the all-reduce MAX: it constrains nothing.
   static constexpr int no_exponent = std::numeric_limits<int>::min();
@@ -58,20 +62,28 @@ struct partial_norm {
   /// Adds another part of the same norm. Commutative bit for bit; for three parts or more, each merge
   /// rounds `sum` once.
   void merge(const partial_norm& other) noexcept {
-    if (!finite || !other.finite || !(other.p == p)) {
-      const bool saw_nan = std::isnan(sum) || std::isnan(other.sum) || !(other.p == p);
-      *this = nonfinite(saw_nan ? std::numeric_limits<double>::quiet_NaN() : sum, p);
+    if (finite && other.finite && other.p == p) {
+      if (other.sum == 0.0) return;
+      if (other.exponent == exponent && !std::isinf(p)) {  // the common case: parts at one scale
+        const double total = sum + other.sum;
+        if (!std::isinf(total)) {
+          low = rounding_error(sum, other.sum, total) + (low + other.low);
+          sum = total;
+          return;
+        }
+      }
+      const partial_norm before = *this;
+      add(other);
+      // Parts built without scaling (near double's maximum) can overflow together; normalized parts
+      // cannot.
+      if (std::isinf(sum)) {
+        *this = before.normalized();
+        add(other.normalized());
+      }
       return;
     }
-    if (other.sum == 0.0) return;
-    const partial_norm before = *this;
-    add(other);
-    // Parts built without scaling (near double's maximum) can overflow together; normalized parts cannot.
-    // Checked after the fact so that the common path costs one comparison.
-    if (std::isinf(sum)) {
-      *this = before.normalized();
-      add(other.normalized());
-    }
+    const bool saw_nan = std::isnan(sum) || std::isnan(other.sum) || !(other.p == p);
+    *this = nonfinite(saw_nan ? std::numeric_limits<double>::quiet_NaN() : sum + other.sum, p);
   }
 
   /// The norm as mantissa * 2^exponent: exists even where the norm exceeds double's range. Not finite
@@ -79,7 +91,7 @@ struct partial_norm {
   detail::scaled norm_scaled() const noexcept {
     if (!finite) return {sum, 0};
     if (sum == 0.0) return {};
-    if (p == 2.0) return detail::scaled{std::sqrt(sum), exponent}.normalized();
+    if (p == 2.0) return detail::scaled{std::sqrt(sum + low), exponent}.normalized();
     if (p == 1.0 || std::isinf(p)) return detail::scaled{sum, exponent}.normalized();
     // sum^(1/p) = 2^(k/p) * (sum * 2^-k)^(1/p) with k the binary exponent of sum: no overflow for any p.
     const int k = std::ilogb(sum);
@@ -94,14 +106,7 @@ struct partial_norm {
 
   /// `sum` expressed at a scale 2^target >= 2^exponent: exact for integer p unless it underflows, when it
   /// is negligible; one rounding of the factor 2^(p * shift) otherwise.
-  double scaled_sum_at(int target) const noexcept {
-    if (sum == 0.0) return 0.0;  // an empty part at any scale (0 * 2^huge would be NaN)
-    const double shift = static_cast<double>(exponent) - static_cast<double>(target);  // <= 0
-    const double power = std::isinf(p) ? shift : p * shift;
-    if (power < -4000.0) return 0.0;
-    if (power == std::floor(power)) return std::ldexp(sum, static_cast<int>(power));
-    return sum * std::exp2(power);
-  }
+  double scaled_sum_at(int target) const noexcept { return rescaled(sum, target); }
 
   /// The same value with `sum` in [1, 2^p) ([1, 2) for the maximum; only the exponent moves, exactly for
   /// integer p). Zero parts become empty parts and non-finite parts are returned unchanged.
@@ -112,11 +117,12 @@ struct partial_norm {
     const double unit = std::isinf(p) ? 1.0 : p;
     const int shift = static_cast<int>(std::floor(k / unit));
     partial_norm n{exponent + shift, 0.0, true, p};
-    n.sum = partial_norm{exponent, sum, true, p}.scaled_sum_at(exponent + shift);
+    n.sum = rescaled(sum, exponent + shift);
     if (n.sum < 1.0) {  // k / p rounded up to a whole number (non-integer p): one step down
       n.exponent -= 1;
-      n.sum = partial_norm{exponent, sum, true, p}.scaled_sum_at(n.exponent);
+      n.sum = rescaled(sum, n.exponent);
     }
+    n.low = rescaled(low, n.exponent);
     return n;
   }
 
@@ -148,7 +154,7 @@ struct partial_norm {
     if (!finite) return {std::isnan(sum) ? 1 : 0, std::isnan(sum) ? 0 : 1, 0, 0, 0};
     double v = std::ldexp(reduction_sum(max_exponent), 30);  // [0, 2^32)
     exact_sum limbs{};
-    for (int j = 2; j < 4; ++j) {  // exact: a fraction of a double and its products by 2^32 are doubles
+    for (std::size_t j = 2; j < 4; ++j) {  // exact: a fraction of a double and its products by 2^32 are doubles
       const double whole = std::floor(v);
       limbs[j] = static_cast<std::int64_t>(whole);
       v = std::ldexp(v - whole, 32);
@@ -181,12 +187,35 @@ struct partial_norm {
   }
 
  private:
+  /// v (this part's sum or tail) expressed at 2^target >= 2^exponent: see scaled_sum_at.
+  double rescaled(double v, int target) const noexcept {
+    if (v == 0.0) return 0.0;  // an empty part at any scale (0 * 2^huge would be NaN)
+    const double shift = static_cast<double>(exponent) - static_cast<double>(target);  // <= 0
+    const double power = std::isinf(p) ? shift : p * shift;
+    if (power < -4000.0) return 0.0;
+    if (power == std::floor(power)) return std::ldexp(v, static_cast<int>(power));
+    return v * std::exp2(power);
+  }
+
+  /// (a + b) - s exactly, for s = a + b rounded (Knuth's TwoSum; symmetric in a and b).
+  static double rounding_error(double a, double b, double s) noexcept {
+    const double moved = s - a;
+    return (a - (s - moved)) + (b - moved);
+  }
+
   void add(const partial_norm& other) noexcept {
     const bool rescale_mine = sum == 0.0 || other.exponent > exponent;
     const double mine = rescale_mine ? scaled_sum_at(other.exponent) : sum;
     const double theirs = rescale_mine ? other.sum : other.scaled_sum_at(exponent);
+    const double tails =
+        rescale_mine ? rescaled(low, other.exponent) + other.low : low + other.rescaled(other.low, exponent);
     if (rescale_mine) exponent = other.exponent;
-    sum = std::isinf(p) ? std::max(mine, theirs) : mine + theirs;
+    if (std::isinf(p)) {
+      sum = std::max(mine, theirs);
+      return;
+    }
+    sum = mine + theirs;
+    low = rounding_error(mine, theirs, sum) + tails;
   }
 };
 

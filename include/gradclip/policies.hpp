@@ -23,13 +23,19 @@ struct promote {};
 
 /// Max scaling: as promote, but a block of 1024 elements whose largest magnitude lies outside the range
 /// where squares are safe is divided by a power of two near that magnitude before squaring, and the
-/// scaled sums are merged. Never overflows or underflows for finite input.
+/// scaled sums are merged. Never overflows or underflows for finite input. FP64 sums are plain (80 * 2^-53
+/// relative); the coefficient is applied as robust applies it, so FP64 elements are within one ulp plus
+/// that error.
 struct max_scale {};
 
 /// The default. FP16/BF16: exact FP32 squares in chains of 8, carried into FP64, BF16 blocks max-scaled
-/// where FP32's range needs it (relative error at most 4 * 2^-24). FP32/FP64: squares and sums in FP64,
-/// max-scaled blocks where FP64's range needs it (FP64 input only; about 1e-15 relative). Overflow- and
-/// underflow-free for every finite input; the coefficient is applied in FP64 and rounded once.
+/// where FP32's range needs it (relative error at most 4 * 2^-24). FP32: squares and sums in FP64 (about
+/// 1e-15 relative at worst). FP64: squares split exactly by FMA and summed compensated (Dot2), blocks
+/// max-scaled where FP64's range needs it, kept with its tail through every merge: within 2^-53 on the
+/// sum of squares and 1.5 * 2^-53 on the norm, for any length and any number of tensors.
+/// Overflow- and underflow-free for every finite input. The coefficient is computed in double-double:
+/// FP16, BF16 and FP32 elements get it rounded to FP64 and one rounding to their type, FP64 elements
+/// x * (high + low) with one rounding, so every element is within one ulp of the exact projection.
 struct robust {};
 
 namespace detail {
@@ -49,7 +55,8 @@ using robust_t = std::conditional_t<sizeof(T) == 2, float, double>;
 
 /// The traits table: one row per policy. `accumulator<T>` is the type squares are summed in;
 /// `sequential` sums one element after the other in it (no lanes, no FP64 carry); `max_scales` rescales
-/// blocks whose range needs it. Declared only, so a type without a row is not a policy.
+/// blocks whose range needs it; `compensated` sums FP64 squares by Dot2. Declared only, so a type without
+/// a row is not a policy.
 template <class Policy>
 struct policy_traits;
 
@@ -59,6 +66,7 @@ struct policy_traits<naive> {
   using accumulator = T;
   static constexpr bool sequential = true;
   static constexpr bool max_scales = false;
+  static constexpr bool compensated = false;
   static constexpr scaling scale = scaling::element;
 };
 
@@ -68,6 +76,7 @@ struct policy_traits<promote> {
   using accumulator = promoted_t<T>;
   static constexpr bool sequential = false;
   static constexpr bool max_scales = false;
+  static constexpr bool compensated = false;
   static constexpr scaling scale = scaling::promoted;
 };
 
@@ -77,6 +86,7 @@ struct policy_traits<max_scale> {
   using accumulator = promoted_t<T>;
   static constexpr bool sequential = false;
   static constexpr bool max_scales = true;
+  static constexpr bool compensated = false;
   static constexpr scaling scale = scaling::exact;
 };
 
@@ -86,6 +96,7 @@ struct policy_traits<robust> {
   using accumulator = robust_t<T>;
   static constexpr bool sequential = false;
   static constexpr bool max_scales = true;
+  static constexpr bool compensated = true;
   static constexpr scaling scale = scaling::exact;
 };
 

@@ -1,4 +1,4 @@
-// The library's version, kept equal to the project version in CMakeLists.txt.
+// The library's version, stated here only: CMakeLists.txt reads these three lines (keep their form).
 #pragma once
 
 #define GRADCLIP_VERSION_MAJOR 0

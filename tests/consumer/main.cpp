@@ -16,7 +16,8 @@ int main() {
   std::printf("norm %g, clipped to %g\n", result.norm, static_cast<double>(grad[0]));
   // The threaded overloads need the package's Threads dependency (a 16 MiB gradient uses two threads).
   std::vector<float> large(std::size_t{4} << 20, 1.0f);
-  const auto threaded = gradclip::clip_by_norm(large.data(), large.size(), 1.0, {gradclip::on_nonfinite::skip, 0.0, gradclip::l2_norm, 2});
+  const auto threaded = gradclip::clip_by_norm(large.data(), large.size(), 1.0,
+                                               {gradclip::on_nonfinite::skip, 0.0, gradclip::l2_norm, 2});
   std::printf("threaded: norm %g\n", threaded.norm);
   return static_cast<float>(grad[0]) == 1.0f && threaded.norm == 2048.0 ? 0 : 1;
 }

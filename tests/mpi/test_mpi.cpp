@@ -142,7 +142,8 @@ void expect_matches_single_process(const sharded_group<T>& group, double max_nor
   // double, from merging the members in another order) can move a double element. With the robust
   // policy each element is also within one unit in the last place of the exact g * max_norm / ||g||,
   // or (FP64, whose coefficient takes a few roundings of its own) no further from it than on one process.
-  const double coefficient_difference = std::abs(result.coefficient / expected.coefficient - 1);
+  const double coefficient_difference =
+      result.coefficient == expected.coefficient ? 0.0 : std::abs(result.coefficient / expected.coefficient - 1);
   const auto allowed = 1 + static_cast<std::int64_t>(2 * coefficient_difference / epsilon_of<T>());
   const bool check_exact = std::is_same_v<Policy, gradclip::robust> && result.clipped && result.finite &&
                            opt.epsilon == 0 && opt.norm == gradclip::l2_norm;

@@ -51,7 +51,6 @@ inline void check_options(const char* function, const options& opt) {
     throw std::invalid_argument(std::string(function) + ": options::nonfinite is not an on_nonfinite value");
 }
 
-
 /// One gradient as a group of one, without copying it.
 template <class G>
 struct single {
@@ -81,6 +80,7 @@ void for_each_piece(Grads& grads, F&& f) {
 
 template <class Policy, class T>
 partial_norm reduce_piece(const strided_view<T>& piece, double order) {
+  if (piece.outer_size == 1 && piece.inner_stride == 1) return reduce_run<Policy>(piece.data, piece.inner_size, order);
   partial_norm part{0, 0.0, true, order};
   piece.for_each_run([&](const auto* p, std::size_t n) { part.merge(reduce_run<Policy>(p, n, order)); });
   return part;
@@ -103,7 +103,8 @@ std::vector<View> pieces_for_threads(Grads& grads, unsigned wanted, unsigned& us
     bytes += piece.size() * sizeof(typename std::decay_t<decltype(piece)>::element_type);
     ++count;
   });
-  used = static_cast<unsigned>(std::min<std::size_t>({wanted, count, std::max<std::size_t>(1, bytes / parallel_grain_bytes)}));
+  used = static_cast<unsigned>(
+      std::min<std::size_t>({wanted, count, std::max<std::size_t>(1, bytes / parallel_grain_bytes)}));
   if (used <= 1) return pieces;
   pieces.reserve(count);
   for_each_piece(grads, [&](const auto& piece) { pieces.emplace_back(piece); });
@@ -193,7 +194,12 @@ inline clip_plan plan_clip(const char* function, const partial_norm& part, doubl
     const double c = std::min(max_norm / (norm + opt.epsilon), 1.0);
     return {{norm, c, !(c == 1.0), false, max_norm}, scaled{c, 0}};
   }
-  const scaled c = scaled::of(max_norm) / (part.norm_scaled() + scaled::of(opt.epsilon));
+  // The root of the L2 sum (with its tail) and the quotient in double-double: the coefficient is the
+  // correctly rounded quotient, and its tail lets the FP64 scale kernel round each element once from the
+  // unrounded quotient.
+  const scaled root =
+      part.p == 2.0 && part.sum > 0 ? root_with_tail(part.sum, part.low, part.exponent) : part.norm_scaled();
+  const scaled c = quotient_with_tail(max_norm, root, opt.epsilon);
   // c < 1: zero (max_norm = 0), or a normalized mantissa in [1, 2) with a negative exponent. A zero norm
   // gives an infinite c (or NaN with max_norm = 0), which never clips.
   const bool below_one = std::isfinite(c.mantissa) && (c.mantissa == 0.0 || c.exponent < 0);
@@ -206,8 +212,7 @@ struct fixed_threshold {
   double max_norm;
 
   void check(const char* function) const {
-    if (!(max_norm >= 0))
-      throw std::invalid_argument(std::string(function) + ": max_norm must be >= 0 and not NaN");
+    if (!(max_norm >= 0)) throw std::invalid_argument(std::string(function) + ": max_norm must be >= 0 and not NaN");
   }
   threshold_decision decide(double) const noexcept { return {max_norm, false}; }
   double fallback_threshold() const noexcept { return max_norm; }

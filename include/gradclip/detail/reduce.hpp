@@ -80,6 +80,89 @@ inline partial_norm sum_squares(const T* p, std::size_t n) noexcept {
   }
 }
 
+/// A sum of squares as (hi + lo) * 4^exponent, merged in double-double: the compensated FP64 sum's
+/// segments and rescaled blocks, handed on as a partial_norm's sum and tail.
+struct compensated_total {
+  int exponent = 0;
+  portable::double_double value;
+  partial_norm nonfinite;  // the non-finite blocks' parts, merged (NaN wins over inf)
+
+  void add(int e, const portable::double_double& s) noexcept {
+    if (s.hi == 0.0) return;
+    portable::double_double mine = value, theirs = s;
+    if (value.hi == 0.0 || e > exponent) {  // rescale mine: exact for 4^-k unless it underflows (negligible)
+      mine = {std::ldexp(value.hi, 2 * (exponent - e)), std::ldexp(value.lo, 2 * (exponent - e))};
+      exponent = e;
+    } else {
+      theirs = {std::ldexp(s.hi, 2 * (e - exponent)), std::ldexp(s.lo, 2 * (e - exponent))};
+    }
+    const portable::double_double t = portable::two_sum(mine.hi, theirs.hi);
+    const double lo = t.lo + (mine.lo + theirs.lo);
+    const double hi = t.hi + lo;
+    value = {hi, lo - (hi - t.hi)};
+  }
+
+  partial_norm rounded() const noexcept {
+    partial_norm part = nonfinite;
+    if (std::isnan(value.hi)) part.merge(partial_norm::nonfinite(value.hi));
+    if (!part.finite) return part;
+    return {value.hi == 0.0 ? 0 : exponent, value.hi, true, 2.0, value.lo};
+  }
+};
+
+/// A block whose maximum is outside the safe range (or not finite), rescanned from L1 and divided by a
+/// power of two near its maximum, its squares summed by the compensated kernel.
+inline void add_rescaled_block(isa target, const double* block, std::size_t m, compensated_total& total) noexcept {
+  double max = 0;
+  const double sum = portable::sum_squares<double>(block, m, 1.0, &max);
+  if (std::isnan(sum) || std::isinf(max)) return total.nonfinite.merge(partial_norm::nonfinite(sum));
+  if (max == 0.0) return;
+  const int e = std::ilogb(max) + 1;  // max * 2^-e lies in [0.5, 1)
+  const auto [first, second] = power_of_two_factors(-e);
+  double buffer[block_size];
+  for (std::size_t i = 0; i < m; ++i) buffer[i] = block[i] * first * second;  // exact where it matters
+  std::size_t done = 0;
+  total.add(e, compensated_squares<false>(target, buffer, m, 0.0, 0.0, done));
+}
+
+/// The FP64 sum of squares by Dot2 (portable::compensated_squares), max-scaled blocks as in
+/// sum_squares, everything merged in double-double and rounded once: within about 2^-53 relative of the
+/// exact sum (n 2^-106 more), whatever n.
+inline partial_norm compensated_sum_squares(const double* p, std::size_t n) noexcept {
+  const isa target = best_isa();
+  const double lo = std::ldexp(1.0, -safe_exponent_range<double> - 1);
+  const double hi = std::ldexp(1.0, safe_exponent_range<double>);
+  compensated_total total;
+  for (std::size_t start = 0; start < n;) {
+    std::size_t done = 0;
+    total.add(0, compensated_squares<true>(target, p + start, n - start, lo, hi, done));
+    start += done;
+    if (start == n) break;
+    const std::size_t m = std::min(block_size, n - start);
+    add_rescaled_block(target, p + start, m, total);
+    start += m;
+  }
+  return total.rounded();
+}
+
+/// Runs this short cost more in the vector kernels' setup than in their loop (many small tensors): their
+/// squares are summed in FP64 directly, exact squares for FP32 and narrower elements, so at least as
+/// accurate as the kernels and overflow-free.
+inline constexpr std::size_t short_run = 32;
+
+template <class T>
+inline partial_norm short_sum_squares(const T* p, std::size_t n) noexcept {
+  double even = 0, odd = 0;
+  std::size_t i = 0;
+  for (; i + 2 <= n; i += 2) {
+    const double x = widen<double>(p[i]), y = widen<double>(p[i + 1]);
+    even += x * x;
+    odd += y * y;
+  }
+  if (i < n) even += widen<double>(p[i]) * widen<double>(p[i]);
+  return unscaled_part(even + odd);
+}
+
 /// Sequentially, in the element type itself: exactly what g.square().sum() does in FP16.
 template <class T>
 inline partial_norm sequential_sum_squares(const T* p, std::size_t n) noexcept {
@@ -96,8 +179,12 @@ inline partial_norm reduce_run(const T* p, std::size_t n, double order) noexcept
   using traits = policy_traits<Policy>;
   using element = std::remove_const_t<T>;
   if (order != 2.0) return power_sum_kernel(p, n, order);
+  if constexpr (!traits::sequential && traits::max_scales && !std::is_same_v<element, double>)
+    if (n <= short_run) return short_sum_squares(p, n);
   if constexpr (traits::sequential)
     return sequential_sum_squares(p, n);
+  else if constexpr (traits::compensated && std::is_same_v<element, double>)
+    return compensated_sum_squares(p, n);
   else
     return sum_squares<typename traits::template accumulator<element>, traits::max_scales>(p, n);
 }

@@ -14,11 +14,19 @@
 
 namespace gradclip::detail {
 
-/// p[i] <- (p[i] * 2^k1 * m) * 2^k2 in FP64 for a coefficient m * 2^k below double's normal range:
-/// every factor a normal double, one rounding that matters.
-inline void multiply_split(double* p, std::size_t n, const scaled& c) noexcept {
-  const auto [first, second] = power_of_two_factors(c.exponent);
-  for (std::size_t i = 0; i < n; ++i) p[i] = p[i] * first * c.mantissa * second;
+// The smallest exponent of a coefficient whose parts, mantissa and tail, both scale to normal doubles
+// (the tail is about 2^-53 of the mantissa), so that multiply_compensated applies it.
+inline constexpr int compensated_exponent_min = std::numeric_limits<double>::min_exponent + 53;
+
+/// p[i] <- p[i] * c for FP64 elements, c's tail included, each product rounded once: the vector kernel
+/// where c's parts are normal doubles, multiply_exactly element by element far below (a coefficient under
+/// 2^-968 clips a gradient whose norm is 2^968 times the threshold).
+inline void multiply_with_tail(isa target, double* p, std::size_t n, const scaled& c) noexcept {
+  const scaled k = c.normalized();
+  if (k.mantissa == 0 || !std::isfinite(k.mantissa) || k.exponent > std::numeric_limits<double>::max_exponent)
+    return multiply<double>(target, p, n, c.value());
+  if (k.exponent >= compensated_exponent_min) return multiply_compensated(target, p, n, k);
+  for (std::size_t i = 0; i < n; ++i) p[i] = portable::multiply_exactly(p[i], k);
 }
 
 /// p[i] <- p[i] * c with the policy's scaling.
@@ -40,10 +48,7 @@ void scale_run(T* p, std::size_t n, const scaled& c) noexcept {
     using compute = promoted_t<T>;
     multiply<compute>(target, p, n, static_cast<compute>(value));
   } else if constexpr (std::is_same_v<T, double>) {
-    if (c.mantissa != 0 && std::isfinite(c.mantissa) && std::abs(value) < std::numeric_limits<double>::min())
-      multiply_split(p, n, c);
-    else
-      multiply<double>(target, p, n, value);
+    multiply_with_tail(target, p, n, c);
   } else if constexpr (std::is_same_v<T, float>) {
     multiply<double>(target, p, n, value);
   } else {

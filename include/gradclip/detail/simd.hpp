@@ -1,10 +1,12 @@
 // The memory-bound kernels every norm and clip is built from (blocked sums of squares, the p-norm
 // loops, in-place scaling and division), in a portable version and, on x86-64 with GCC or Clang,
-// AVX2/F16C and AVX-512 versions (without FMA) chosen once at run time, so a build without -march still
-// runs at memory speed.
+// AVX2/F16C/FMA and AVX-512 versions chosen once at run time, so a build without -march still runs at
+// memory speed. FMA appears only where it is asked for by name (the FP64 compensated kernels), never by
+// contraction.
 #pragma once
 
 #include <gradclip/detail/element.hpp>
+#include <gradclip/detail/scaled.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -28,6 +30,14 @@ namespace gradclip::detail {
 // large enough that the per-block bookkeeping is negligible.
 inline constexpr std::size_t block_size = 1024;
 
+// The portable kernels round every square and product before adding, as the vector kernels do.
+#if defined(__clang__)
+#pragma float_control(push)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
 namespace portable {
 
 // Many independent accumulators: they let the compiler vectorize without -ffast-math, hide the add
@@ -100,6 +110,80 @@ class compensated_sum {
   double sum_ = 0, error_ = 0;
 };
 
+/// hi + lo, unevaluated: a compensated sum before its final rounding.
+struct double_double {
+  double hi = 0, lo = 0;
+};
+
+/// a + b = hi + lo exactly, whatever the magnitudes (Knuth's TwoSum).
+inline double_double two_sum(double a, double b) noexcept {
+  const double s = a + b;
+  const double moved = s - a;
+  return {s, (a - (s - moved)) + (b - moved)};
+}
+
+/// One step of Dot2 (Ogita, Rump and Oishi) on a lane: the rounded square added to the lane's sum by
+/// TwoSum, whose error is (sum - (total - moved)) + (square - moved) exactly; the second term and the
+/// square's own error (x^2 - square) are one FMA, x^2 - moved. The error goes to the lane's compensation.
+/// The vector kernels take the same steps.
+inline void add_square_compensated(double& sum, double& compensation, double x) noexcept {
+  const double square = x * x;
+  const double total = sum + square;
+  const double moved = total - sum;
+  const double lost = sum - (total - moved);
+  compensation += lost + std::fma(x, x, -moved);
+  sum = total;
+}
+
+/// The lanes' sums and compensations as one double-double, merged pairwise by TwoSum.
+template <std::size_t L>
+double_double merge_lanes(const double (&sum)[L], const double (&compensation)[L]) noexcept {
+  double s[L], c[L];
+  std::copy(sum, sum + L, s);
+  std::copy(compensation, compensation + L, c);
+  for (std::size_t width = L / 2; width > 0; width /= 2)
+    for (std::size_t j = 0; j < width; ++j) {
+      const double_double t = two_sum(s[j], s[j + width]);
+      s[j] = t.hi;
+      c[j] = (c[j] + c[j + width]) + t.lo;
+    }
+  const double hi = s[0] + c[0];
+  return {hi, c[0] - (hi - s[0])};
+}
+
+/// sum(x^2) of FP64 elements by Dot2 in lanes<double> lanes carried across blocks: the double-double
+/// result is within about n/lanes * 2^-106 relative of the exact sum, so one rounding to double leaves
+/// it accurate to 2^-53. When Ranged, stops before the first block whose max|x| (NaN ignored) is nonzero
+/// and outside [lo, hi), for the caller to rescale; `done` is the number of elements summed.
+template <bool Ranged>
+double_double compensated_squares(const double* p, std::size_t n, double lo, double hi, std::size_t& done) noexcept {
+  constexpr std::size_t L = lanes<double>;
+  double sum[L] = {}, compensation[L] = {};
+  std::size_t start = 0;
+  for (; start < n; start += block_size) {
+    const std::size_t m = std::min(block_size, n - start);
+    double saved_sum[L], saved_compensation[L];
+    if (Ranged) {
+      std::copy(sum, sum + L, saved_sum);
+      std::copy(compensation, compensation + L, saved_compensation);
+    }
+    double top = 0;
+    for (std::size_t i = 0; i < m; ++i) {
+      const double x = p[start + i];
+      add_square_compensated(sum[i % L], compensation[i % L], x);
+      const double a = std::abs(x);
+      top = top < a ? a : top;
+    }
+    if (Ranged && top != 0 && !(top >= lo && top < hi)) {
+      std::copy(saved_sum, saved_sum + L, sum);
+      std::copy(saved_compensation, saved_compensation + L, compensation);
+      break;
+    }
+  }
+  done = std::min(start, n);
+  return merge_lanes(sum, compensation);
+}
+
 /// Sums the squares of each block of block_size elements (see sum_squares) and totals the block sums
 /// in FP64, compensated. When Ranged, stops before the first block whose max|x| (NaN ignored) is nonzero and outside
 /// [lo, hi), for the caller to rescale. `done` is the number of elements summed.
@@ -124,15 +208,79 @@ void multiply(T* p, std::size_t n, Compute c) noexcept {
   for (std::size_t i = 0; i < n; ++i) p[i] = narrow<T>(widen<Compute>(p[i]) * c);
 }
 
+/// x * (c.mantissa + c.low) * 2^c.exponent (c normalized, finite, nonzero) rounded once to double, for
+/// every finite x and exponent: the product of the significands is formed as a double-double in [0.25,
+/// 2) and scaled only at the end, rounded to the subnormal grid by hand where the result is subnormal.
+inline double multiply_exactly(double x, const scaled& c) noexcept {
+  if (x == 0 || !std::isfinite(x)) return x * c.mantissa;
+  int shift;
+  const double m = std::frexp(x, &shift);  // x = m 2^shift, 0.5 <= |m| < 1
+  const double z = std::fma(m, c.mantissa, m * c.low);
+  const int e = shift + c.exponent;  // x c = (z + rest) 2^e, |z| < 2
+  if (std::ilogb(z) + e >= std::numeric_limits<double>::min_exponent - 1) return std::ldexp(z, e);  // exact
+  if (e < std::numeric_limits<double>::min_exponent - std::numeric_limits<double>::digits - 2)
+    return std::copysign(0.0, x);  // |x c| < 2^-1075: rounds to zero
+  // Subnormal: |z| < 2^52 g with g = 2^(-1074 - e) the grid here, so adding 2^52 g rounds |z| to it.
+  const double rest = std::fma(m, c.low, std::fma(m, c.mantissa, -z));
+  const double g = std::ldexp(1.0, -1074 - e), big = std::ldexp(1.0, -1022 - e);
+  const double a = std::abs(z), w = z < 0 ? -rest : rest;  // |x c| = (a + w) 2^e
+  double q = (a + big) - big;
+  const double over = (a - q) + w;  // a - q is exact
+  const bool odd = std::fmod(q / g, 2.0) != 0;
+  if (over > g / 2 || (over == g / 2 && odd))
+    q += g;
+  else if (over < -g / 2 || (over == -g / 2 && odd))
+    q -= g;
+  return std::copysign(std::ldexp(q, e), x);
+}
+
+// Products whose magnitude lies in [2^-1023, 2^-1000) go through multiply_exactly: there x * c.low, the
+// addend of the one-rounding FMA, is itself rounded to the subnormal grid, an error of up to half an ulp
+// of the product. Below the band that error is under 2^-53 of the product, above it negligible.
+inline constexpr double exact_band_low = 0x1p-1023;
+inline constexpr double exact_band_high = 0x1p-1000;
+
+/// p[i] <- p[i] * c for FP64 elements and a coefficient with a tail (c normalized, finite, nonzero,
+/// c.exponent >= -968 so that both parts scale to normal doubles): fma(x, high, x * low), one rounding
+/// within 2^-100 of the exact product, and multiply_exactly for results in the band above.
+inline void multiply_compensated(double* p, std::size_t n, const scaled& c) noexcept {
+  const double high = std::ldexp(c.mantissa, c.exponent), low = std::ldexp(c.low, c.exponent);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double y = std::fma(p[i], high, p[i] * low);
+    const double a = std::abs(y);
+    p[i] = a >= exact_band_low && a < exact_band_high ? multiply_exactly(p[i], c) : y;
+  }
+}
+
 /// p[i] <- p[i] / s, the quotient computed in FP64 and rounded once to T (narrow<T>: FP16 and BF16
 /// through FP32). That is the correctly rounded quotient whenever s is representable in T (FP64 holds
 /// more than 2 * 24 + 2 bits, FP32 2 * 11 + 2, so neither rounding can cross a midpoint).
+/// x rounded to FP32 "to odd" (when inexact, the neighbour whose last bit is 1): rounding that once more
+/// to 16 bits (11 or 8 digits, at least two fewer) gives the correct rounding of x.
+inline float round_to_odd_float(double x) noexcept {
+  const float f = static_cast<float>(x);
+  if (std::isnan(x) || static_cast<double>(f) == x || (bits_of(f) & 1u) != 0) return f;
+  const bool away_from_zero = std::abs(x) > std::abs(static_cast<double>(f));
+  return float_from_bits(away_from_zero ? bits_of(f) + 1u : bits_of(f) - 1u);
+}
+
 template <class T>
 void divide(T* p, std::size_t n, double s) noexcept {
-  for (std::size_t i = 0; i < n; ++i) p[i] = narrow<T>(widen<double>(p[i]) / s);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double q = widen<double>(p[i]) / s;
+    if constexpr (sizeof(T) == 2)
+      p[i] = T(round_to_odd_float(q));
+    else
+      p[i] = narrow<T>(q);
+  }
 }
 
 }  // namespace portable
+#if defined(__clang__)
+#pragma float_control(pop)
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
 
 /// How a block's terms are computed: (|x| 2^-E)^3 or ^4 by products, or 2^(p (log2 |x| - E)) by the
 /// polynomials below for any p.
@@ -234,8 +382,8 @@ enum class isa { portable, avx2, avx512 };
 inline bool isa_supported(isa target) noexcept {
 #if GRADCLIP_X86_DISPATCH
   __builtin_cpu_init();
-  // Every CPU with AVX2 also has F16C (Haswell, Excavator and later).
-  const bool avx2 = __builtin_cpu_supports("avx2");
+  // Every CPU with AVX2 also has F16C and FMA (Haswell, Excavator and later).
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   switch (target) {
     case isa::avx512:
       return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -261,13 +409,14 @@ inline isa best_isa() noexcept { return detected_isa; }
 #if GRADCLIP_X86_DISPATCH
 
 // Each region compiles its functions for one instruction set; nothing in them runs unless best_isa()
-// chose it. The same loops (simd_loops.inc) are included in each. No FMA: squares are rounded before
-// they are added, as in the portable kernels, so a result does not depend on the instruction set.
+// chose it. The same loops (simd_loops.inc) are included in each. No contraction into FMA: squares are
+// rounded before they are added, as in the portable kernels, so a result does not depend on the
+// instruction set; the FP64 compensated kernels call FMA by name, as the portable ones call std::fma.
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,f16c,fma"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,f16c")
+#pragma GCC target("avx2,f16c,fma")
 #pragma GCC optimize("fp-contract=off")  // FMA (in AVX-512F too) would skip the rounding of squares
 // GCC 12's intrinsics build their "undefined" vectors from themselves (bug 105593).
 #pragma GCC diagnostic push
@@ -340,6 +489,14 @@ struct f64 {
   static vec mul(vec a, vec b) noexcept { return _mm256_mul_pd(a, b); }
   static vec abs(vec v) noexcept { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), v); }
   static vec max(vec a, vec b) noexcept { return _mm256_max_pd(a, b); }
+  static vec fmadd(vec a, vec b, vec c) noexcept { return _mm256_fmadd_pd(a, b, c); }  // a b + c, one rounding
+  static vec fmsub(vec a, vec b, vec c) noexcept { return _mm256_fmsub_pd(a, b, c); }  // a b - c, one rounding
+  /// Bit j set where lo <= |v_j| < hi.
+  static unsigned within(vec v, vec lo, vec hi) noexcept {
+    const vec a = abs(v);
+    return static_cast<unsigned>(
+        _mm256_movemask_pd(_mm256_and_pd(_mm256_cmp_pd(a, lo, _CMP_GE_OQ), _mm256_cmp_pd(a, hi, _CMP_LT_OQ))));
+  }
   static double max_lane(vec v) noexcept {
     const __m128d s = _mm_max_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
     return _mm_cvtsd_f64(_mm_max_sd(s, _mm_unpackhi_pd(s, s)));
@@ -365,9 +522,6 @@ struct f64 {
   static vec power_of_two(vec t) noexcept {
     const __m256i biased = _mm256_add_epi64(_mm256_castpd_si256(t), _mm256_set1_epi64x(1023));
     return _mm256_castsi256_pd(_mm256_slli_epi64(biased, 52));
-  }
-  static f32::vec narrow_pair(vec a, vec b) noexcept {
-    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(a)), _mm256_cvtpd_ps(b), 1);
   }
 };
 
@@ -477,6 +631,12 @@ struct f64 {
   static vec mul(vec a, vec b) noexcept { return _mm512_mul_pd(a, b); }
   static vec abs(vec v) noexcept { return _mm512_abs_pd(v); }
   static vec max(vec a, vec b) noexcept { return _mm512_maskz_max_pd(0xff, a, b); }
+  static vec fmadd(vec a, vec b, vec c) noexcept { return _mm512_fmadd_pd(a, b, c); }
+  static vec fmsub(vec a, vec b, vec c) noexcept { return _mm512_fmsub_pd(a, b, c); }
+  static unsigned within(vec v, vec lo, vec hi) noexcept {
+    const vec a = abs(v);
+    return _mm512_mask_cmp_pd_mask(_mm512_cmp_pd_mask(a, lo, _CMP_GE_OQ), a, hi, _CMP_LT_OQ);
+  }
   static double max_lane(vec v) noexcept {  // see f32::max_lane
     return avx2::f64::max_lane(_mm256_max_pd(_mm512_castpd512_pd256(v), _mm512_maskz_extractf64x4_pd(0xf, v, 1)));
   }
@@ -501,10 +661,6 @@ struct f64 {
   static vec power_of_two(vec t) noexcept {
     const __m512i biased = _mm512_add_epi64(_mm512_castpd_si512(t), _mm512_set1_epi64(1023));
     return _mm512_castsi512_pd(_mm512_maskz_slli_epi64(0xff, biased, 52));
-  }
-  static f32::vec narrow_pair(vec a, vec b) noexcept {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_maskz_cvtpd_ps(0xff, a)), _mm512_maskz_cvtpd_ps(0xff, b),
-                              1);
   }
 };
 
@@ -544,7 +700,7 @@ struct ints {
 
 /// portable::block_sums on the kernels of `target` (which must be supported).
 template <class Acc, bool Ranged, class T>
-double block_sums(isa target, const T* p, std::size_t n, Acc lo, Acc hi, std::size_t& done) noexcept {
+double block_sums([[maybe_unused]] isa target, const T* p, std::size_t n, Acc lo, Acc hi, std::size_t& done) noexcept {
 #if GRADCLIP_X86_DISPATCH
   if (target == isa::avx512) return avx512::block_sums<Acc, Ranged>(p, n, lo, hi, done);
   if (target == isa::avx2) return avx2::block_sums<Acc, Ranged>(p, n, lo, hi, done);
@@ -552,10 +708,30 @@ double block_sums(isa target, const T* p, std::size_t n, Acc lo, Acc hi, std::si
   return portable::block_sums<Acc, Ranged>(p, n, lo, hi, done);
 }
 
+/// portable::compensated_squares on the kernels of `target` (which must be supported).
+template <bool Ranged>
+portable::double_double compensated_squares([[maybe_unused]] isa target, const double* p, std::size_t n, double lo,
+                                            double hi, std::size_t& done) noexcept {
+#if GRADCLIP_X86_DISPATCH
+  if (target == isa::avx512) return avx512::compensated_squares<Ranged>(p, n, lo, hi, done);
+  if (target == isa::avx2) return avx2::compensated_squares<Ranged>(p, n, lo, hi, done);
+#endif
+  return portable::compensated_squares<Ranged>(p, n, lo, hi, done);
+}
+
+/// portable::multiply_compensated on the kernels of `target` (which must be supported).
+inline void multiply_compensated([[maybe_unused]] isa target, double* p, std::size_t n, const scaled& c) noexcept {
+#if GRADCLIP_X86_DISPATCH
+  if (target == isa::avx512) return avx512::multiply_compensated(p, n, c);
+  if (target == isa::avx2) return avx2::multiply_compensated(p, n, c);
+#endif
+  portable::multiply_compensated(p, n, c);
+}
+
 /// portable::multiply on the kernels of `target` (which must be supported). 16-bit elements scaled in
 /// FP64 (coefficients outside FP32's normal range, rare) stay portable.
 template <class Compute, class T>
-void multiply(isa target, T* p, std::size_t n, Compute c) noexcept {
+void multiply([[maybe_unused]] isa target, T* p, std::size_t n, Compute c) noexcept {
 #if GRADCLIP_X86_DISPATCH
   if constexpr (std::is_same_v<Compute, float> || std::is_same_v<T, float> || std::is_same_v<T, double>) {
     if (target == isa::avx512) return avx512::multiply<Compute>(p, n, c);
@@ -567,7 +743,7 @@ void multiply(isa target, T* p, std::size_t n, Compute c) noexcept {
 
 /// portable::divide on the kernels of `target` (which must be supported).
 template <class T>
-void divide(isa target, T* p, std::size_t n, double s) noexcept {
+void divide([[maybe_unused]] isa target, T* p, std::size_t n, double s) noexcept {
 #if GRADCLIP_X86_DISPATCH
   if (target == isa::avx512) return avx512::divide(p, n, s);
   if (target == isa::avx2) return avx2::divide(p, n, s);
