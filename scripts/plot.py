@@ -231,7 +231,7 @@ def bench(args):
                     )
     lines.append("")
 
-    lines.append("## Two threads (`gradclip::threads{2}`, robust)")
+    lines.append("## Two threads (`options::threads = 2`, robust)")
     lines.append("")
     lines.append("| dtype | elements | norm GB/s, 1 thread | 2 threads | speedup | read GB/s, 2 threads | clip that binds, speedup |")
     lines.append("|---|---|---|---|---|---|---|")

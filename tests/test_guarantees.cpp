@@ -1,4 +1,4 @@
-// The guarantees README states: a throwing call modifies nothing (on_nonfinite::error and invalid
+// The guarantees docs/reliability.md states: a throwing call modifies nothing (on_nonfinite::error and invalid
 // arguments, for one gradient and for groups), concurrent calls on different buffers are safe, and the
 // hot path of a single-gradient norm or clip allocates nothing. clip_by_value is held to the same.
 #include <gradclip/gradclip.hpp>

@@ -24,7 +24,7 @@ template <class T>
 class NormTyped : public ::testing::Test {};
 TYPED_TEST_SUITE(NormTyped, element_types);
 
-// The documented relative error bound of each policy for n elements of T (see README).
+// The documented relative error bound of each policy for n elements of T (policies.hpp, docs/numerics.md).
 template <class Policy, class T>
 double bound(std::size_t n) {
   constexpr double f32 = 0x1p-24, f64 = 0x1p-53;

@@ -148,7 +148,7 @@ TEST(Parallel, MixedGroupsWithStridedMembers) {
   const auto result = gradclip::clip_by_global_norm(group, max_norm, threaded(4));
   ASSERT_TRUE(result.clipped);
   const quad c = static_cast<quad>(max_norm) / exact;
-  // One rounding, plus the coefficient's error, which is the FP16 member's norm bound (README,
+  // One rounding, plus the coefficient's error, which is the FP16 member's norm bound (docs/numerics.md,
   // "Policies"): a relative error r is at most r * 2^digits ulps of T.
   const auto within = [](auto got, quad expected) {
     using T = decltype(got);

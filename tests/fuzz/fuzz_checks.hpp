@@ -141,7 +141,7 @@ quad quad_min_normal() {
   return static_cast<quad>(static_cast<double>(std::numeric_limits<T>::min()));
 }
 
-/// The relative error bound README documents for a policy on these elements of type T, or a negative
+/// The relative error bound docs/numerics.md documents for a policy on these elements of type T, or a negative
 /// number when the policy documents no bound for them (naive and promote outside the range they handle).
 template <class Policy, class T>
 double norm_bound(const stats& s) {
