@@ -171,7 +171,8 @@ void for_each_run_in_place(Grads& grads, const options& opt, Kernel&& kernel) {
 /// Multiplies every element of the group by c with the policy's scaling.
 template <class Policy, class Grads>
 void apply(Grads& grads, const scaled& c, const options& opt) {
-  for_each_run_in_place(grads, opt, [&](auto* p, std::size_t n) { scale_run<Policy>(p, n, c); });
+  const scaler<Policy> scale(c);
+  for_each_run_in_place(grads, opt, [&](auto* p, std::size_t n) { scale(p, n); });
 }
 
 /// What to do, decided before any gradient is touched.

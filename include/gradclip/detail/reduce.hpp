@@ -145,11 +145,8 @@ inline partial_norm compensated_sum_squares(const double* p, std::size_t n) noex
   return total.rounded();
 }
 
-/// Runs this short cost more in the vector kernels' setup than in their loop (many small tensors): their
-/// squares are summed in FP64 directly, exact squares for FP32 and narrower elements, so at least as
-/// accurate as the kernels and overflow-free.
-inline constexpr std::size_t short_run = 32;
-
+/// The squares of a short run summed in FP64 directly: exact squares for FP32 and narrower elements, so at
+/// least as accurate as the kernels, and overflow-free.
 template <class T>
 inline partial_norm short_sum_squares(const T* p, std::size_t n) noexcept {
   double even = 0, odd = 0;

@@ -29,38 +29,66 @@ inline void multiply_with_tail(isa target, double* p, std::size_t n, const scale
   for (std::size_t i = 0; i < n; ++i) p[i] = portable::multiply_exactly(p[i], k);
 }
 
+/// p[i] <- p[i] * c with the policy's scaling, the coefficient prepared once for every run of a call
+/// (many small tensors make many runs).
+template <class Policy>
+class scaler {
+ public:
+  explicit scaler(const scaled& c) noexcept
+      : c_(c),
+        value_(c.value()),
+        normal_float_(value_ == 0 || (std::abs(value_) >= std::numeric_limits<float>::min() &&
+                                      std::abs(value_) <= std::numeric_limits<float>::max())) {
+    static_assert(is_policy_v<Policy>, "The policy must be a row of gradclip::detail::policy_traits.");
+  }
+
+  template <class T>
+  void operator()(T* p, std::size_t n) const noexcept {
+    constexpr scaling rule = policy_traits<Policy>::scale;
+    if constexpr (rule == scaling::element) {
+      // Rounded to T and applied in T's arithmetic: Eigen multiplies two halves (or bfloat16s) exactly in
+      // FP32 and rounds the product once, which is what multiply<float> does.
+      const T coefficient(static_cast<T>(value_));
+      if constexpr (std::is_same_v<T, double>)
+        run<double>(p, n, coefficient);
+      else
+        run<float>(p, n, to_float(coefficient));
+    } else if constexpr (rule == scaling::promoted) {
+      using compute = promoted_t<T>;
+      run<compute>(p, n, static_cast<compute>(value_));
+    } else if constexpr (std::is_same_v<T, double>) {
+      multiply_with_tail(best_isa(), p, n, c_);
+    } else if constexpr (std::is_same_v<T, float>) {
+      run<double>(p, n, value_);
+    } else if (normal_float_) {
+      // 16-bit elements: a coefficient that is a normal float is applied in FP32 (its rounding, 2^-24, is
+      // far below the element's), any other in FP64.
+      run<float>(p, n, static_cast<float>(value_));
+    } else {
+      run<double>(p, n, value_);
+    }
+  }
+
+ private:
+  // Short runs multiply element by element, as the vector kernels' tails do: the same bits, without
+  // the call into a kernel.
+  template <class Compute, class T>
+  static void run(T* p, std::size_t n, Compute c) noexcept {
+    if (n <= short_run)
+      portable::multiply<Compute>(p, n, c);
+    else
+      multiply<Compute>(best_isa(), p, n, c);
+  }
+
+  scaled c_;
+  double value_;
+  bool normal_float_;
+};
+
 /// p[i] <- p[i] * c with the policy's scaling.
 template <class Policy, class T>
 void scale_run(T* p, std::size_t n, const scaled& c) noexcept {
-  static_assert(is_policy_v<Policy>, "The policy must be a row of gradclip::detail::policy_traits.");
-  constexpr scaling rule = policy_traits<Policy>::scale;
-  const isa target = best_isa();
-  const double value = c.value();
-  if constexpr (rule == scaling::element) {
-    // Rounded to T and applied in T's arithmetic: Eigen multiplies two halves (or bfloat16s) exactly in
-    // FP32 and rounds the product once, which is what multiply<float> does.
-    const T coefficient(static_cast<T>(value));
-    if constexpr (std::is_same_v<T, double>)
-      multiply<double>(target, p, n, coefficient);
-    else
-      multiply<float>(target, p, n, to_float(coefficient));
-  } else if constexpr (rule == scaling::promoted) {
-    using compute = promoted_t<T>;
-    multiply<compute>(target, p, n, static_cast<compute>(value));
-  } else if constexpr (std::is_same_v<T, double>) {
-    multiply_with_tail(target, p, n, c);
-  } else if constexpr (std::is_same_v<T, float>) {
-    multiply<double>(target, p, n, value);
-  } else {
-    // 16-bit elements: a coefficient that is a normal float is applied in FP32 (its rounding, 2^-24, is
-    // far below the element's), any other in FP64.
-    const bool normal_float = value == 0 || (std::abs(value) >= std::numeric_limits<float>::min() &&
-                                             std::abs(value) <= std::numeric_limits<float>::max());
-    if (normal_float)
-      multiply<float>(target, p, n, static_cast<float>(value));
-    else
-      multiply<double>(target, p, n, value);
-  }
+  scaler<Policy>{c}(p, n);
 }
 
 }  // namespace gradclip::detail

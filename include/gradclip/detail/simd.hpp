@@ -30,6 +30,10 @@ namespace gradclip::detail {
 // large enough that the per-block bookkeeping is negligible.
 inline constexpr std::size_t block_size = 1024;
 
+// Runs this short cost more in a vector kernel's setup than in its loop (many small tensors): the
+// reductions and the scaling handle them element by element.
+inline constexpr std::size_t short_run = 32;
+
 // The portable kernels round every square and product before adding, as the vector kernels do.
 #if defined(__clang__)
 #pragma float_control(push)
