@@ -493,12 +493,13 @@ void check_clip(const std::vector<part_base*>& parts, const stats& s, double pol
     return;
   }
   const quad exact = s.exact_norm();
-  if (bound >= 0) {
-    const quad margin = static_cast<quad>(max_norm) * static_cast<quad>(bound);
-    if (exact > static_cast<quad>(max_norm) + margin)
-      check(r.clipped, where, ": norm ", static_cast<double>(exact), " > max_norm must clip");
-    if (exact < static_cast<quad>(max_norm) - margin)
-      check(!r.clipped, where, ": norm ", static_cast<double>(exact), " < max_norm must not clip");
+  if (bound >= 0) {  // PyTorch's rule: clip when max_norm / (norm + epsilon) < 1
+    const quad denominator = exact + static_cast<quad>(epsilon);
+    const quad margin = static_cast<quad>(max_norm) * static_cast<quad>(bound) + denominator * quad(0x1p-52);
+    if (denominator > static_cast<quad>(max_norm) + margin)
+      check(r.clipped, where, ": norm + epsilon ", static_cast<double>(denominator), " > max_norm must clip");
+    if (denominator < static_cast<quad>(max_norm) - margin)
+      check(!r.clipped, where, ": norm + epsilon ", static_cast<double>(denominator), " < max_norm must not clip");
   }
   if (!r.clipped) {
     check(r.coefficient == 1.0, where, ": an unclipped result must report coefficient 1, got ", r.coefficient);
