@@ -41,11 +41,15 @@ template <class T>
 struct is_strided_view<strided_view<T>> : std::true_type {};
 
 template <class G>
+inline constexpr bool is_erased_view_v =
+    std::is_same_v<std::remove_cv_t<G>, grad_view> || std::is_same_v<std::remove_cv_t<G>, const_grad_view>;
+
+template <class G>
 struct view_traits {
   using raw = std::remove_cv_t<G>;
   static constexpr bool dense = is_eigen_dense_v<raw>;
   static constexpr bool contiguous = !dense && has_data_and_size<G>::value;
-  static constexpr bool erased = std::is_same_v<raw, grad_view> || std::is_same_v<raw, const_grad_view>;
+  static constexpr bool erased = is_erased_view_v<G>;
   static constexpr bool typed = is_strided_view<raw>::value;
   static constexpr bool indirect = std::is_pointer_v<raw> || is_reference_wrapper<raw>::value;
 };
@@ -133,10 +137,6 @@ class erased_view {
   std::size_t outer_size_;
   std::ptrdiff_t outer_stride_;
 };
-
-template <class G>
-inline constexpr bool is_erased_view_v =
-    std::is_same_v<std::remove_cv_t<G>, grad_view> || std::is_same_v<std::remove_cv_t<G>, const_grad_view>;
 
 }  // namespace detail
 
