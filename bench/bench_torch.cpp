@@ -1,12 +1,14 @@
 // gradclip::libtorch::clip_grad_norm_ (the drop-in: same arguments, same result) beside what a libtorch
-// user has: torch::nn::utils::clip_grad_norm_ for FP32, and for FP16 (which it cannot clip on the CPU) the
-// cast-to-float version a user would write.
+// user has: torch::nn::utils::clip_grad_norm_ for FP32 and BF16, and for FP16 (which it cannot clip on the
+// CPU) the cast-to-float version a user would write.
 // A plain read of the same bytes, in the same binary, is the memory roofline.
 //
 // Names are `<case><dtype>/tensors:<count>/elements:<per tensor>`, so rows join with the main suite's
-// by dtype and total size. Every clip binds: max_norm shrinks by 0.1% per iteration below the norm the
-// previous iteration left, so each call reads the gradients twice and writes them once, as in training.
-// libtorch runs on one thread, and so does the drop-in, which takes libtorch's thread count.
+// by dtype and total size, and `<case><dtype>/gpt2_small` for GPT-2 small's 148 parameter tensors
+// (124 M elements, the shapes of bench_sizes), in FP32 and BF16. Every clip binds: max_norm shrinks by
+// 0.1% per iteration below the norm the previous iteration left, so each call reads the gradients twice
+// and writes them once, as in training. libtorch runs on one thread, and so does the drop-in, which takes
+// libtorch's thread count.
 #include <gradclip/torch.hpp>
 
 #include <benchmark/benchmark.h>
@@ -23,16 +25,35 @@
 namespace {
 
 struct layout {
-  std::int64_t tensors;
-  std::int64_t elements;  // per tensor
+  std::string name;
+  std::vector<std::int64_t> sizes;  // elements per tensor
+  std::int64_t elements() const {
+    std::int64_t total = 0;
+    for (auto n : sizes) total += n;
+    return total;
+  }
 };
 
-constexpr layout layouts[] = {{1, std::int64_t{64} << 20}, {256, std::int64_t{16} << 10}};
+layout uniform(std::int64_t tensors, std::int64_t elements) {
+  return {"tensors:" + std::to_string(tensors) + "/elements:" + std::to_string(elements),
+          std::vector<std::int64_t>(static_cast<std::size_t>(tensors), elements)};
+}
+
+/// GPT-2 small's parameters (bench_sizes.cpp has the same list): embeddings, 12 blocks, final layer norm.
+layout gpt2_small() {
+  constexpr std::int64_t d = 768, layers = 12, vocabulary = 50257, context = 1024;
+  std::vector<std::int64_t> sizes{vocabulary * d, context * d};
+  for (std::int64_t l = 0; l < layers; ++l)
+    for (std::int64_t n : {d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d}) sizes.push_back(n);
+  sizes.push_back(d);
+  sizes.push_back(d);
+  return {"gpt2_small", sizes};
+}
 
 std::vector<torch::Tensor> random_grads(const layout& shape, torch::Dtype type) {
   torch::manual_seed(20261202);
   std::vector<torch::Tensor> grads;
-  for (std::int64_t i = 0; i < shape.tensors; ++i) grads.push_back(torch::randn({shape.elements}).to(type));
+  for (auto n : shape.sizes) grads.push_back(torch::randn({n}).to(type));
   return grads;
 }
 
@@ -53,8 +74,7 @@ double global_norm(const std::vector<torch::Tensor>& grads) {
 }
 
 void set_bytes(benchmark::State& state, const layout& shape, torch::Dtype type) {
-  state.SetBytesProcessed(state.iterations() * shape.tensors * shape.elements *
-                          static_cast<std::int64_t>(torch::elementSize(type)));
+  state.SetBytesProcessed(state.iterations() * shape.elements() * static_cast<std::int64_t>(torch::elementSize(type)));
 }
 
 /// Runs clip(parameters, grads, max_norm) with a max_norm just below the current norm every iteration.
@@ -98,7 +118,7 @@ void gradclip_libtorch(benchmark::State& state, layout shape, torch::Dtype type)
   });
 }
 
-/// libtorch's clip (clip_grad_norm_ for FP32, the cast-to-float code for FP16) and gradclip's, timed in
+/// libtorch's clip (clip_grad_norm_ for FP32 and BF16, the cast-to-float code for FP16) and gradclip's, timed in
 /// pairs (paired.hpp) on the same gradients. The counter libtorch_per_gradclip is the ratio of their total
 /// times.
 void paired(benchmark::State& state, layout shape, torch::Dtype type) {
@@ -109,7 +129,7 @@ void paired(benchmark::State& state, layout shape, torch::Dtype type) {
       {"libtorch",
        [&] {
          max_norm *= 0.999;
-         if (type == torch::kFloat)
+         if (type != torch::kHalf)
            benchmark::DoNotOptimize(torch::nn::utils::clip_grad_norm_(parameters, max_norm));
          else
            benchmark::DoNotOptimize(cast_float_clip(grads, max_norm));
@@ -140,10 +160,9 @@ void plain_read(benchmark::State& state, layout shape, torch::Dtype type) {
 }
 
 void register_case(const char* name, void (*function)(benchmark::State&, layout, torch::Dtype), torch::Dtype type,
-                   const char* dtype_name) {
-  for (const auto& shape : layouts) {
-    const std::string full = std::string(name) + "<" + dtype_name + ">/tensors:" + std::to_string(shape.tensors) +
-                             "/elements:" + std::to_string(shape.elements);
+                   const char* dtype_name, const std::vector<layout>& shapes) {
+  for (const auto& shape : shapes) {
+    const std::string full = std::string(name) + "<" + dtype_name + ">/" + shape.name;
     benchmark::RegisterBenchmark(full.c_str(), function, shape, type)->Unit(benchmark::kMillisecond)->UseRealTime();
   }
 }
@@ -152,14 +171,21 @@ void register_case(const char* name, void (*function)(benchmark::State&, layout,
 
 int main(int argc, char** argv) {
   torch::set_num_threads(1);
-  register_case("plain_read", plain_read, torch::kFloat, "float32");
-  register_case("libtorch_clip_grad_norm_", libtorch_native, torch::kFloat, "float32");
-  register_case("gradclip_libtorch_clip_grad_norm_", gradclip_libtorch, torch::kFloat, "float32");
-  register_case("paired", paired, torch::kFloat, "float32");
-  register_case("plain_read", plain_read, torch::kHalf, "float16");
-  register_case("libtorch_cast_float", libtorch_cast_float, torch::kHalf, "float16");
-  register_case("gradclip_libtorch_clip_grad_norm_", gradclip_libtorch, torch::kHalf, "float16");
-  register_case("paired", paired, torch::kHalf, "float16");
+  const std::vector<layout> sizes{uniform(1, std::int64_t{64} << 20), uniform(256, std::int64_t{16} << 10)};
+  const std::vector<layout> all{sizes[0], sizes[1], gpt2_small()};
+  const std::vector<layout> gpt2{gpt2_small()};
+  register_case("plain_read", plain_read, torch::kFloat, "float32", all);
+  register_case("libtorch_clip_grad_norm_", libtorch_native, torch::kFloat, "float32", all);
+  register_case("gradclip_libtorch_clip_grad_norm_", gradclip_libtorch, torch::kFloat, "float32", all);
+  register_case("paired", paired, torch::kFloat, "float32", all);
+  register_case("plain_read", plain_read, torch::kHalf, "float16", sizes);
+  register_case("libtorch_cast_float", libtorch_cast_float, torch::kHalf, "float16", sizes);
+  register_case("gradclip_libtorch_clip_grad_norm_", gradclip_libtorch, torch::kHalf, "float16", sizes);
+  register_case("paired", paired, torch::kHalf, "float16", sizes);
+  register_case("plain_read", plain_read, torch::kBFloat16, "bfloat16", gpt2);
+  register_case("libtorch_clip_grad_norm_", libtorch_native, torch::kBFloat16, "bfloat16", gpt2);
+  register_case("gradclip_libtorch_clip_grad_norm_", gradclip_libtorch, torch::kBFloat16, "bfloat16", gpt2);
+  register_case("paired", paired, torch::kBFloat16, "bfloat16", gpt2);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing and runs the whole test suite: formatting, then every test built with g++ and
-# with clang++, under AddressSanitizer and UndefinedBehaviorSanitizer, under ThreadSanitizer, and cross-built
-# for arm64 and run under qemu-user.
+# with clang++, and under AddressSanitizer and UndefinedBehaviorSanitizer; the threaded tests under
+# ThreadSanitizer; and the kernels' tests cross-built for arm64 and run under qemu-user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -26,15 +26,14 @@ cmake --preset sanitize >/dev/null
 cmake --build --preset sanitize -j "$(nproc)"
 ctest --preset sanitize
 
-# ThreadSanitizer (g++) over every test that needs neither MPI nor libtorch: the threaded paths, and any
-# test that sets options::threads.
+# ThreadSanitizer (g++) over the tests labelled threads: every test that sets options::threads or pool.
 echo "== build and test: tsan"
 cmake --preset tsan >/dev/null
 cmake --build --preset tsan -j "$(nproc)"
 ctest --preset tsan
 
-# arm64: the same tests cross-built with Debian's aarch64 g++ and run under qemu-aarch64 (the portable
-# kernels; no MPI, no libtorch). GoogleTest is built for arm64 first, from the sources libgtest-dev ships.
+# arm64: the tests labelled kernels cross-built with Debian's aarch64 g++ and run under qemu-aarch64 (the
+# portable kernels; no MPI, no libtorch). GoogleTest is built for arm64 first, from the sources libgtest-dev ships.
 echo "== build and test: arm64 (qemu-aarch64)"
 cmake -S /usr/src/googletest -B build/arm64-googletest-build --toolchain "$PWD/cmake/aarch64-linux-gnu.cmake" \
   -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF -DCMAKE_INSTALL_PREFIX="$PWD/build/arm64-googletest" >/dev/null

@@ -109,13 +109,21 @@ double epsilon_of() {
 }
 
 /// The documented relative error bound of the robust policy's L2 norm of T elements (policies.hpp). FP16
-/// and BF16 square exactly in FP32 and sum in chains of at most 8 squares (at most 7 FP32 additions,
-/// 7 * 2^-24 on the sum of squares, half that on its root), the rest in FP64: 4 * 2^-24. FP32 and FP64 sum
-/// in FP64 lanes of at most 64 terms per block, compensated across blocks: about 70 roundings of 2^-53
-/// on the sum at worst, half that on the root, so 1e-14 holds with room.
+/// and BF16 square exactly in FP32 and sum in chains of at most 32 squares (at most 31 FP32 additions,
+/// 31 * 2^-24 on the sum of squares, half that on its root), the rest in FP64: 16 * 2^-24. FP32 and FP64
+/// sum in FP64 lanes of at most 64 terms per block, compensated across blocks: about 70 roundings of
+/// 2^-53 on the sum at worst, half that on the root, so 1e-14 holds with room.
 template <class T>
 constexpr double robust_norm_bound() {
-  return sizeof(T) == 2 ? 4 * 0x1p-24 : 1e-14;
+  return sizeof(T) == 2 ? 16 * 0x1p-24 : 1e-14;
+}
+
+/// The documented bound of promote and max_scale (policies.hpp): 16-bit elements as robust's; FP32 ones
+/// square with a rounding in chains of 8 (a square and 7 additions per term: 8 * 2^-24); FP64 input sums
+/// 64 squares per lane, lanes pairwise and blocks compensated (80 * 2^-53).
+template <class T>
+constexpr double chain_norm_bound() {
+  return std::is_same_v<T, double> ? 80 * 0x1p-53 : sizeof(T) == 2 ? 16 * 0x1p-24 : 8 * 0x1p-24;
 }
 
 /// The distance from got to exact in units in the last place of T at exact.

@@ -40,7 +40,7 @@ void expect_exact_projection(const std::vector<T>& original, const std::vector<T
   }
 }
 
-// robust: one ulp. max_scale: one ulp plus its FP32 norm's documented error (64 FP32 roundings).
+// robust: one ulp. max_scale: one ulp plus its FP32 norm's documented error (chain_norm_bound).
 template <class Policy, class T>
 void expect_clip_is_projection(std::vector<T> g, double max_norm) {
   const auto original = g;
@@ -48,7 +48,7 @@ void expect_clip_is_projection(std::vector<T> g, double max_norm) {
   EXPECT_TRUE(result.finite);
   EXPECT_TRUE(result.clipped);
   const double norm_error_in_ulps =
-      std::is_same_v<Policy, max_scale> && !std::is_same_v<T, double> ? 8 * 0x1p-24 / epsilon_of<T>() : 0.0;
+      std::is_same_v<Policy, max_scale> && !std::is_same_v<T, double> ? chain_norm_bound<T>() / epsilon_of<T>() : 0.0;
   expect_exact_projection(original, g, max_norm, 1.0 + norm_error_in_ulps);
 }
 

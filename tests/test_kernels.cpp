@@ -130,6 +130,21 @@ TYPED_TEST(Kernels, BlockSumsStopAtTheSameOutOfRangeBlock) {
   });
 }
 
+// A NaN does not hide its block's maximum (the BF16 kernels find maxima from the elements' bits, where
+// NaN's exceed every number's), so the vector kernels stop where the portable one does.
+TYPED_TEST(Kernels, BlockSumsIgnoreNanInTheMaximum) {
+  using T = TypeParam;
+  std::mt19937_64 rng(seed + 3);
+  for_each_accumulator<T>([&](auto acc) {
+    for (double outlier : {1e6, 1e-7}) {
+      auto data = random_values<T>(3001, rng, 1.0);
+      std::fill(data.begin() + 1024, data.begin() + 2048, T(static_cast<float>(outlier)));
+      data[1030] = std::numeric_limits<T>::quiet_NaN();
+      check_block_sums<decltype(acc)>(data, 0, data.size(), "NaN beside an outlier");
+    }
+  });
+}
+
 TYPED_TEST(Kernels, BlockSumsPropagateNanAndInf) {
   using T = TypeParam;
   std::mt19937_64 rng(seed + 2);

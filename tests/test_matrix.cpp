@@ -31,7 +31,7 @@ double norm_bound(double p) {
   if (std::isinf(p)) return 0.0;
   if (p != 2.0) return 1e-12;
   if constexpr (std::is_same_v<Policy, gradclip::robust>) return robust_norm_bound<T>();
-  return std::is_same_v<T, double> ? 80 * 0x1p-53 : 8 * 0x1p-24;
+  return chain_norm_bound<T>();
 }
 
 /// A clipped element: one rounding of the exact g * c, plus the coefficient's error, which is the norm's

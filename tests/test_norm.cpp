@@ -27,12 +27,9 @@ TYPED_TEST_SUITE(NormTyped, element_types);
 // The documented relative error bound of each policy for n elements of T (policies.hpp, docs/numerics.md).
 template <class Policy, class T>
 double bound(std::size_t n) {
-  constexpr double f32 = 0x1p-24, f64 = 0x1p-53;
   if constexpr (std::is_same_v<Policy, robust>) return robust_norm_bound<T>();
   if constexpr (std::is_same_v<Policy, naive>) return static_cast<double>(n) * epsilon_of<T>();
-  // promote, max_scale: a rounded square and at most 7 additions per FP32 chain; FP64 input sums 64
-  // squares per lane; lanes merge pairwise and blocks compensated, in FP64.
-  return std::is_same_v<T, double> ? 80 * f64 : 8 * f32;
+  return chain_norm_bound<T>();
 }
 
 template <class Policy, class T>

@@ -126,7 +126,7 @@ inline ghost_form choose_form(const dense_shape& s, ghost_form form) {
 /// positions, or 1) in rows i*T to i*T + T - 1; any storage order, element type and direct-access Eigen
 /// matrix, map or block. `parts` is empty (it is then sized B) or holds B parts, e.g. from
 /// per_example_partial_norms of the other layers, so that the merged parts are each example's norm over
-/// the whole model. T = 1 multiplies the two row norms (robust numerics: FP16/BF16 within 4 * 2^-24);
+/// the whole model. T = 1 multiplies the two row norms (robust numerics: FP16/BF16 within 16 * 2^-24);
 /// T > 1 uses `form` (the cheaper by default) in FP64 on rows divided by a power of two near their
 /// maximum, so nothing overflows for any finite input; the error is that of an FP64 matrix product,
 /// about (T + d) 2^-53 relative to the sums of absolute products. A NaN or Inf makes the example's part

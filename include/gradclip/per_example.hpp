@@ -332,7 +332,7 @@ inline void check_per_example_options(const char* function, double max_norm, con
 
 /// Each example's sum of squares over every per-example tensor (first index = example), as partial
 /// norms that merge exactly: with ghost norms of other layers (add_ghost_norms), or across processes.
-/// Robust numerics: overflow-free for every finite input, FP16 and BF16 norms within 4 * 2^-24.
+/// Robust numerics: overflow-free for every finite input, FP16 and BF16 norms within 16 * 2^-24.
 ///
 ///     std::vector<gradclip::partial_norm> parts = gradclip::per_example_partial_norms(std::tie(dw, db));
 template <class PerExample>

@@ -16,9 +16,9 @@ namespace gradclip {
 /// Reproduces the FP16 overflow bug on purpose; for tests and benchmarks only.
 struct naive {};
 
-/// FP16/BF16 promoted to FP32 before squaring (PyTorch's approach): FP32 squares in chains of 8 per lane
-/// carried into FP64 (FP64 throughout for FP64 input); the coefficient rounded to FP32 (FP64) and applied
-/// in that type. Overflows once a square or a chain exceeds FP32's range (e.g. FP32 `[1e20, 1e20]`).
+/// FP16/BF16 promoted to FP32 before squaring (PyTorch's approach): FP32 squares in chains of 32 per lane
+/// (8 for FP32 input) carried into FP64 (FP64 throughout for FP64 input); the coefficient rounded to FP32 (FP64) and
+/// applied in that type. Overflows once a square or a chain exceeds FP32's range (e.g. FP32 `[1e20, 1e20]`).
 struct promote {};
 
 /// Max scaling: as promote, but a block of 1024 elements whose largest magnitude lies outside the range
@@ -28,8 +28,8 @@ struct promote {};
 /// that error.
 struct max_scale {};
 
-/// The default. FP16/BF16: exact FP32 squares in chains of 8, carried into FP64, BF16 blocks max-scaled
-/// where FP32's range needs it (relative error at most 4 * 2^-24). FP32: squares and sums in FP64 (about
+/// The default. FP16/BF16: exact FP32 squares in chains of 32, carried into FP64, BF16 blocks max-scaled
+/// where FP32's range needs it (relative error at most 16 * 2^-24). FP32: squares and sums in FP64 (about
 /// 1e-15 relative at worst). FP64: squares split exactly by FMA and summed compensated (Dot2), blocks
 /// max-scaled where FP64's range needs it, kept with its tail through every merge: within 2^-53 on the
 /// sum of squares and 1.5 * 2^-53 on the norm, for any length and any number of tensors.

@@ -149,13 +149,13 @@ double norm_bound(const stats& s) {
   if constexpr (std::is_same_v<Policy, gradclip::robust>) {
     return s.any_16bit ? gradclip_test::robust_norm_bound<Eigen::half>() : gradclip_test::robust_norm_bound<double>();
   } else if constexpr (std::is_same_v<Policy, gradclip::max_scale>) {
-    return fp64 ? 80 * 0x1p-53 : 8 * 0x1p-24;
+    return fp64 ? 80 * 0x1p-53 : s.any_16bit ? 16 * 0x1p-24 : 8 * 0x1p-24;
   } else if constexpr (std::is_same_v<Policy, gradclip::promote>) {
     using acc = gradclip::detail::promoted_t<T>;
     const quad block = static_cast<quad>(s.count < 1024 ? s.count : 1024);
     const bool fits = s.max_square * block <= quad_max<acc>() / 2 &&
                       (s.sum_squares == 0 || s.min_nonzero_square >= quad_min_normal<acc>());
-    return fits ? (std::is_same_v<T, double> ? 80 * 0x1p-53 : 8 * 0x1p-24) : -1.0;
+    return fits ? gradclip_test::chain_norm_bound<T>() : -1.0;
   } else {
     const double eps = gradclip_test::epsilon_of<T>();
     const double n = static_cast<double>(s.count);
@@ -526,7 +526,7 @@ double projection_slack(const stats& s) {
     return s.any_16bit ? gradclip_test::robust_norm_bound<Eigen::half>()
                        : (static_cast<double>(s.count) / 16 + 8) * 0x1p-53;
   else if constexpr (std::is_same_v<Policy, gradclip::max_scale>)
-    return s.any_narrow ? 8 * 0x1p-24 : 80 * 0x1p-53;
+    return s.any_16bit ? 16 * 0x1p-24 : s.any_narrow ? 8 * 0x1p-24 : 80 * 0x1p-53;
   else
     return -1.0;
 }

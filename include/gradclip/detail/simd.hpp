@@ -30,6 +30,16 @@ namespace gradclip::detail {
 // large enough that the per-block bookkeeping is negligible.
 inline constexpr std::size_t block_size = 1024;
 
+// T's squares are exact in Acc over T's whole range (no rounding, overflow or underflow): FP16 and
+// BF16 in FP64, FP16 in FP32, FP32 in FP64. A fused multiply-add then adds a square with the one
+// rounding of the portable kernels' square-then-add, so the vector kernels use it and stay bit-identical.
+template <class T, class Acc>
+inline constexpr bool exact_squares = (2 * std::numeric_limits<T>::digits <= std::numeric_limits<Acc>::digits) &&
+                                      (2 * std::numeric_limits<T>::max_exponent <
+                                       std::numeric_limits<Acc>::max_exponent) &&
+                                      (2 * (std::numeric_limits<T>::min_exponent - std::numeric_limits<T>::digits) >
+                                       std::numeric_limits<Acc>::min_exponent);
+
 // Runs this short cost more in a vector kernel's setup than in its loop (many small tensors): the
 // reductions and the scaling handle them element by element.
 inline constexpr std::size_t short_run = 32;
@@ -58,13 +68,17 @@ inline Acc sum_lanes(const Acc (&acc)[L]) noexcept {
   return partial[0];
 }
 
-// FP32 sums of squares are carried into FP64 lanes every `chain` squares per lane: a lane's FP32 partial
-// is then rounded at most chain - 1 = 7 times (squares of 16-bit elements are exact in FP32), and the
-// carry, once per 256 elements, costs next to nothing. FP64 lanes sum a whole block before the carry.
-template <class Acc>
-inline constexpr std::size_t chain = std::is_same_v<Acc, float> ? 8 : block_size / lanes<Acc>;
-template <class Acc>
-inline constexpr std::size_t chunk = chain<Acc>* lanes<Acc>;
+// FP32 sums of squares are carried into FP64 lanes every `chain` squares per lane, so a lane's FP32
+// partial is rounded at most chain - 1 times. 16-bit elements, whose squares are exact in FP32, carry
+// once per block (31 roundings, 2^-19 relative): the carry's FP32-to-FP64 conversions share a port with
+// the FP16 ones, which bound the speed in cache. FP32 elements, whose FP32 squares round, carry every 8.
+// FP64 lanes sum a whole block before the carry.
+template <class T, class Acc>
+inline constexpr std::size_t chain = !std::is_same_v<Acc, float> ? block_size / lanes<Acc>
+                                     : sizeof(T) == 2            ? 32
+                                                                 : 8;
+template <class T, class Acc>
+inline constexpr std::size_t chunk = chain<T, Acc>* lanes<Acc>;
 
 /// sum(x^2) over n elements, each widened to Acc (and multiplied by `scale`, a power of two), in
 /// chunks whose lanes are carried into FP64 lanes. NaN and Inf propagate; max|x| (NaN ignored) goes
@@ -74,8 +88,8 @@ inline double sum_squares(const T* p, std::size_t n, Acc scale = Acc(1), Acc* to
   constexpr std::size_t L = lanes<Acc>;
   double wide[L] = {};
   Acc high[L] = {};
-  for (std::size_t start = 0; start < n; start += chunk<Acc>) {
-    const std::size_t m = std::min(chunk<Acc>, n - start);
+  for (std::size_t start = 0; start < n; start += chunk<T, Acc>) {
+    const std::size_t m = std::min(chunk<T, Acc>, n - start);
     const T* c = p + start;
     Acc acc[L] = {};
     std::size_t i = 0;
@@ -460,6 +474,18 @@ struct f32 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
   }
   static vec add_square(vec acc, vec v) noexcept { return _mm256_add_ps(acc, _mm256_mul_ps(v, v)); }
+  static vec fmadd(vec a, vec b, vec c) noexcept { return _mm256_fmadd_ps(a, b, c); }  // a b + c, one rounding
+  // BF16 pairs in 32-bit lanes: the low and the high elements as FP32.
+  static vec low_halves(__m256i pairs) noexcept { return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)); }
+  static vec high_halves(__m256i pairs) noexcept {
+    return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  /// Even and odd elements' lanes back to element order: a holds elements 0-7, b elements 8-15.
+  static void interleave(vec& a, vec& b) noexcept {
+    const vec low = _mm256_unpacklo_ps(a, b), high = _mm256_unpackhi_ps(a, b);
+    a = _mm256_permute2f128_ps(low, high, 0x20);
+    b = _mm256_permute2f128_ps(low, high, 0x31);
+  }
   static __m256d widen_low(vec v) noexcept { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
   static __m256d widen_high(vec v) noexcept { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
   static vec mul(vec a, vec b) noexcept { return _mm256_mul_ps(a, b); }
@@ -600,6 +626,20 @@ struct f32 {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_maskz_cvtepi32_epi16(0xffff, result));
   }
   static vec add_square(vec acc, vec v) noexcept { return _mm512_add_ps(acc, _mm512_mul_ps(v, v)); }
+  static vec fmadd(vec a, vec b, vec c) noexcept { return _mm512_fmadd_ps(a, b, c); }
+  static vec low_halves(__m512i pairs) noexcept {  // see avx2::f32
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, pairs, 16));
+  }
+  static vec high_halves(__m512i pairs) noexcept {
+    return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  static void interleave(vec& a, vec& b) noexcept {
+    const __m512i low = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i high = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    const vec first = _mm512_permutex2var_ps(a, low, b);
+    b = _mm512_permutex2var_ps(a, high, b);
+    a = first;
+  }
   static __m512d widen_low(vec v) noexcept { return _mm512_maskz_cvtps_pd(0xff, _mm512_castps512_ps256(v)); }
   static __m512d widen_high(vec v) noexcept {
     return _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, v, 1));
