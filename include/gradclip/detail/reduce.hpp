@@ -17,8 +17,10 @@
 
 namespace gradclip::detail {
 
-// Block maxima inside [2^-range, 2^range] are summed unscaled: a block of squares can then neither
-// overflow nor lose more than a negligible 2^-40 relative to underflow. Others are rescaled.
+// FP64 block maxima inside [2^-range, 2^range] are summed unscaled by the compensated kernel: its squares
+// can then neither overflow nor lose more than a negligible 2^-40 relative to underflow. Sums in Acc are
+// kept unscaled when finite and at least 2^(-2 range): a square that underflowed (by at most Acc's
+// smallest normal) is then negligible beside them. Other blocks are rescaled.
 template <class Acc>
 inline constexpr int safe_exponent_range = std::is_same_v<Acc, float> ? 50 : 450;
 
@@ -30,8 +32,8 @@ inline constexpr bool fits_without_scaling = std::numeric_limits<Acc>::max_expon
                                                  2 * (std::numeric_limits<T>::min_exponent -
                                                       std::numeric_limits<T>::digits);
 
-/// The part of a block whose maximum is outside the safe range (or not finite): rescanned from L1,
-/// divided by a power of two near its maximum.
+/// A block whose sum of squares was not accurate unscaled (or not finite): rescanned from L1, divided by
+/// a power of two near its maximum.
 template <class Acc, class T>
 inline partial_norm rescaled_block(const T* block, std::size_t m) noexcept {
   Acc max = 0;
@@ -53,22 +55,21 @@ inline partial_norm unscaled_part(double total) noexcept {
 }
 
 /// The sum of squares in Acc, blocks totalled in FP64. With MaxScales, in one read pass: each block is
-/// summed unscaled when its maximum is in the safe range (the vector kernel's common case), else
-/// rescaled by rescaled_block, and the parts merge; without, squares overflow as Acc does.
+/// summed unscaled and kept when that sum is accurate (portable::accurate_unscaled: the vector kernel's
+/// common case, with no maximum to track), else rescanned by rescaled_block, and the parts merge;
+/// without, squares overflow as Acc does.
 template <class Acc, bool MaxScales, class T>
 inline partial_norm sum_squares(const T* p, std::size_t n) noexcept {
   const isa target = best_isa();
   std::size_t done = 0;
   if constexpr (!MaxScales || fits_without_scaling<T, Acc>) {
-    return unscaled_part(block_sums<Acc, false>(target, p, n, Acc(0), Acc(0), done));
+    return unscaled_part(block_sums<Acc, false>(target, p, n, 0.0, done));
   } else {
-    // Blocks whose maximum has an exponent e (max in [2^(e-1), 2^e)) with |e| <= range.
-    const Acc lo = std::ldexp(Acc(1), -safe_exponent_range<Acc> - 1);
-    const Acc hi = std::ldexp(Acc(1), safe_exponent_range<Acc>);
+    const double min_sum = std::ldexp(1.0, -2 * safe_exponent_range<Acc>);
     partial_norm rescaled;
     double unscaled = 0;
     for (std::size_t start = 0; start < n;) {
-      unscaled += block_sums<Acc, true>(target, p + start, n - start, lo, hi, done);
+      unscaled += block_sums<Acc, true>(target, p + start, n - start, min_sum, done);
       start += done;
       if (start == n) break;
       const std::size_t m = std::min(block_size, n - start);

@@ -202,18 +202,40 @@ double_double compensated_squares(const double* p, std::size_t n, double lo, dou
   return merge_lanes(sum, compensation);
 }
 
+/// Whether all n elements are zeros (of either sign): their bits, sign aside, are.
+template <class T>
+bool all_zeros(const T* p, std::size_t n) noexcept {
+  using bits = std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                                  std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+  bits any = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    bits b;
+    std::memcpy(&b, p + i, sizeof b);
+    any |= b;
+  }
+  return static_cast<bits>(any << 1) == 0;
+}
+
+/// Whether a block's sum of squares, summed without scaling, is accurate: finite (no square or chain
+/// overflowed, no NaN) and at least min_sum, so that squares which underflowed (at most one smallest
+/// normal each) are negligible beside it; or zero from a block of zeros.
+template <class T>
+bool accurate_unscaled(const T* block, std::size_t m, double sum, double min_sum) noexcept {
+  if (sum >= min_sum && sum <= std::numeric_limits<double>::max()) return true;
+  return sum == 0.0 && all_zeros(block, m);
+}
+
 /// Sums the squares of each block of block_size elements (see sum_squares) and totals the block sums
-/// in FP64, compensated. When Ranged, stops before the first block whose max|x| (NaN ignored) is nonzero and outside
-/// [lo, hi), for the caller to rescale. `done` is the number of elements summed.
+/// in FP64, compensated. When Ranged, stops before the first block whose sum is not accurate unscaled
+/// (accurate_unscaled), for the caller to rescale. `done` is the number of elements summed.
 template <class Acc, bool Ranged, class T>
-double block_sums(const T* p, std::size_t n, Acc lo, Acc hi, std::size_t& done) noexcept {
+double block_sums(const T* p, std::size_t n, double min_sum, std::size_t& done) noexcept {
   compensated_sum total;
   std::size_t start = 0;
   for (; start < n; start += block_size) {
     const std::size_t m = std::min(block_size, n - start);
-    Acc top = 0;
-    const double sum = sum_squares<Acc>(p + start, m, Acc(1), Ranged ? &top : nullptr);
-    if (Ranged && top != Acc(0) && !(top >= lo && top < hi)) break;
+    const double sum = sum_squares<Acc>(p + start, m);
+    if (Ranged && !accurate_unscaled(p + start, m, sum, min_sum)) break;
     total.add(sum);
   }
   done = std::min(start, n);
@@ -744,12 +766,12 @@ struct ints {
 
 /// portable::block_sums on the kernels of `target` (which must be supported).
 template <class Acc, bool Ranged, class T>
-double block_sums([[maybe_unused]] isa target, const T* p, std::size_t n, Acc lo, Acc hi, std::size_t& done) noexcept {
+double block_sums([[maybe_unused]] isa target, const T* p, std::size_t n, double min_sum, std::size_t& done) noexcept {
 #if GRADCLIP_X86_DISPATCH
-  if (target == isa::avx512) return avx512::block_sums<Acc, Ranged>(p, n, lo, hi, done);
-  if (target == isa::avx2) return avx2::block_sums<Acc, Ranged>(p, n, lo, hi, done);
+  if (target == isa::avx512) return avx512::block_sums<Acc, Ranged>(p, n, min_sum, done);
+  if (target == isa::avx2) return avx2::block_sums<Acc, Ranged>(p, n, min_sum, done);
 #endif
-  return portable::block_sums<Acc, Ranged>(p, n, lo, hi, done);
+  return portable::block_sums<Acc, Ranged>(p, n, min_sum, done);
 }
 
 /// portable::compensated_squares on the kernels of `target` (which must be supported).
