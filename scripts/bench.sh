@@ -5,6 +5,10 @@
 # docs/bench/throughput.png. Extra arguments go to every benchmark binary (e.g. --benchmark_filter=f16).
 # That full run takes about 45 minutes on two cores.
 #
+# scripts/bench.sh --sizes: only the speed-at-every-size figures (small tensors, in cache, GPT-2 small,
+# threads) beside their targets, in docs/bench/sizes.md and sizes.png; the full run appends them to
+# results.md.
+#
 # scripts/bench.sh --quick: the headline figures in under three minutes on two cores, build included. It
 # builds the `bench` preset only and runs the paired cases at 64 Mi elements (every policy against the read
 # roofline; libtorch against gradclip when libtorch is installed) and one run of each case the throughput
@@ -15,6 +19,43 @@ source scripts/deps.sh
 gradclip_install_missing "${GRADCLIP_BASE_PACKAGES[@]}" libbenchmark-dev python3-matplotlib
 
 jobs=$(nproc)
+
+# The speed-at-every-size figures (issue 16), each beside its target: bench_clip's paired cases at 128 Ki
+# (in cache) and 64 Mi, bench_sizes (small tensors, GPT-2 small, threads) and bench_torch on GPT-2 small.
+# Writes docs/bench/sizes.md and docs/bench/sizes.png; about 5 minutes on two cores, build included.
+sizes_figures() {
+  local targets=(bench_clip bench_sizes)
+  if grep -q '^GRADCLIP_WITH_TORCH:BOOL=ON' build/bench/CMakeCache.txt; then targets+=(bench_torch); fi
+  cmake --build --preset bench -j "$jobs" --target "${targets[@]}"
+  local out=docs/bench scratch
+  scratch=$(mktemp -d)
+  local paired=(--benchmark_report_aggregates_only=true --benchmark_out_format=json)
+  echo "== bench_clip: paired cases at 128 Ki (5 repetitions) and norms at 64 Mi (3)"
+  build/bench/bench/bench_clip "${paired[@]}" --benchmark_repetitions=5 --benchmark_filter='^paired/.*/131072/' \
+    --benchmark_out="$scratch/in_cache.json" >/dev/null
+  build/bench/bench/bench_clip "${paired[@]}" --benchmark_repetitions=3 --benchmark_filter='^paired/norm/[a-z0-9]+/67108864/' \
+    --benchmark_out="$scratch/out_of_cache.json" >/dev/null
+  echo "== bench_sizes (3 repetitions)"
+  build/bench/bench/bench_sizes "${paired[@]}" --benchmark_repetitions=3 --benchmark_out="$scratch/sizes.json" >/dev/null
+  local torch_args=()
+  if [[ -x build/bench/bench/bench_torch ]]; then
+    echo "== bench_torch: GPT-2 small (3 repetitions)"
+    build/bench/bench/bench_torch "${paired[@]}" --benchmark_repetitions=3 --benchmark_min_time=0.2 \
+      --benchmark_filter='^paired<.*gpt2' --benchmark_out="$scratch/torch.json" >/dev/null
+    torch_args=(--torch "$scratch/torch.json")
+  fi
+  /usr/bin/python3 scripts/plot.py sizes "$scratch/in_cache.json" "$scratch/out_of_cache.json" "$scratch/sizes.json" \
+    "$out/sizes.md" "$out/sizes.png" "${torch_args[@]}"
+  rm -rf "$scratch"
+}
+
+if [[ "${1:-}" == "--sizes" ]]; then
+  if (($# > 1)); then echo "scripts/bench.sh --sizes takes no other arguments" >&2; exit 2; fi
+  cmake --preset bench >/dev/null
+  sizes_figures
+  exit 0
+fi
+
 if [[ "${1:-}" == "--quick" ]]; then
   if (($# > 1)); then echo "scripts/bench.sh --quick takes no other arguments" >&2; exit 2; fi
   cmake --preset bench >/dev/null
@@ -73,3 +114,5 @@ fi
 # Debian's python3-matplotlib is for the system interpreter, not a pyenv one that may shadow it.
 /usr/bin/python3 scripts/plot.py bench "$out/native.json" "$out/results.md" "$out/throughput.png" \
   --default "$out/default.json" "${torch_args[@]}"
+sizes_figures
+{ echo; cat "$out/sizes.md"; } >>"$out/results.md"

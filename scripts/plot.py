@@ -427,6 +427,89 @@ def quick(args):
     throughput_plot(sized, context, args.png)
 
 
+def sizes(args):
+    """Speed at every size (issue 16): the paired figures of bench_clip at 128 Ki (in cache) and 64 Mi,
+    bench_sizes (small tensors, GPT-2 small, threads) and bench_torch on GPT-2 small, each beside its
+    target (markdown), and a chart of the ratios against their targets."""
+    inside = load_counters(args.in_cache, "paired/")
+    outside = load_counters(args.out_of_cache, "paired/")
+    sized = load_counters(args.sizes, "sizes/")
+    torch_paired = load_counters(args.torch, "paired<") if args.torch else {}
+    _, context = load_runs(args.in_cache)
+    names = {"f16": "FP16", "bf16": "BF16", "f32": "FP32", "f64": "FP64"}
+
+    def of(table, case, key):
+        return table.get(case, {}).get(key)
+
+    rows = []  # (figure, value, comparison, target, note)
+    for what, key in (("norm", "norm_per_loop"), ("binding clip", "clip_per_loop")):
+        ns = of(sized, "sizes/tensors/float32/2000x4", "norm_ns_per_tensor" if what == "norm" else "clip_ns_per_tensor")
+        rows.append((f"2000 × 4 FP32, {what}: time / a scalar double loop's", of(sized, "sizes/tensors/float32/2000x4", key),
+                     "<=", 3, f"{fmt(ns, 1)} ns per tensor"))
+        ns = of(sized, "sizes/tensors/float32/1000x1024", "norm_ns_per_tensor" if what == "norm" else "clip_ns_per_tensor")
+        rows.append((f"1000 × 1 Ki FP32, {what}: time / the loop's", of(sized, "sizes/tensors/float32/1000x1024", key),
+                     None, None, f"{fmt(ns, 1)} ns per tensor"))
+    for d in ("f16", "bf16", "f32", "f64"):
+        rows.append((f"in cache (128 Ki), robust norm {names[d]} × plain read",
+                     of(inside, f"paired/norm/{d}/131072", "robust_x_roofline"), ">=", 0.7 if d == "f64" else 0.5, ""))
+    for d in ("f16", "bf16", "f32", "f64"):
+        rows.append((f"in cache (128 Ki), robust binding clip {names[d]} × (read + rewrite)",
+                     of(inside, f"paired/clip_binds/{d}/131072", "robust_x_roofline"), ">=", 0.4, ""))
+    for d in ("f16", "bf16", "f32", "f64"):
+        rows.append((f"out of cache (64 Mi), robust norm {names[d]} × plain read",
+                     of(outside, f"paired/norm/{d}/67108864", "robust_x_roofline"), ">=",
+                     0.93 if d in ("f16", "bf16") else 0.9, ""))
+    for t in ("float16", "float32"):
+        rows.append((f"2 threads' gain / 2 plain reads' gain, 64 Mi {t}", of(sized, f"sizes/threads/{t}", "gain_2_per_read_gain"),
+                     ">=", 0.85, f"norm gain {fmt(of(sized, f'sizes/threads/{t}', 'norm_gain_2'))}, "
+                                 f"read gain {fmt(of(sized, f'sizes/threads/{t}', 'read_gain_2'))}"))
+    for t in ("float32", "bfloat16"):
+        rows.append((f"GPT-2 small (148 tensors, 124 M), {t} norm × plain read", of(sized, f"sizes/gpt2_small/{t}", "norm_x_read"),
+                     None, None, ""))
+        if torch_paired:
+            rows.append((f"GPT-2 small, {t}: libtorch clip_grad_norm_ time / gradclip's (clip that binds)",
+                         of(torch_paired, f"paired<{t}>/gpt2_small", "libtorch_per_gradclip"), None, None, ""))
+
+    def met(value, comparison, target):
+        if comparison is None or value is None:
+            return "–"
+        return "yes" if (value <= target if comparison == "<=" else value >= target) else "**no**"
+
+    lines = [
+        "## Speed at every size (issue 16)",
+        "",
+        f"`scripts/bench.sh --sizes`: machine {context.get('host_name', '?')}, {context.get('num_cpus', '?')} CPUs at "
+        f"{context.get('mhz_per_cpu', '?')} MHz, kernels {context.get('gradclip_isa', '?')}; every figure a paired "
+        "ratio (the parts timed in one loop, in rotating order), median of the repetitions.",
+        "",
+        "| figure | measured | target | met | |",
+        "|---|---|---|---|---|",
+    ]
+    for label, value, comparison, target, note in rows:
+        shown = "–" if comparison is None else ("≤ " if comparison == "<=" else "≥ ") + f"{target:g}"
+        lines.append(f"| {label} | {figure(value)} | {shown} | {met(value, comparison, target)} | {note} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(args.markdown, "w") as f:
+        f.write(text)
+    print(f"wrote {args.markdown}")
+
+    plt = load_matplotlib()
+    judged = [(label, value / target if comparison == ">=" else target / value)
+              for label, value, comparison, target, _ in rows if comparison and value]
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(judged) + 1.2))
+    ax.barh(range(len(judged)), [v for _, v in judged],
+            color=["tab:green" if v >= 1 else "tab:red" for _, v in judged])
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_yticks(range(len(judged)), [label for label, _ in judged], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("measured / target (≥ 1: met)")
+    ax.set_title("gradclip at every size: each paired figure against its target")
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=110)
+    print(f"wrote {args.png}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -453,6 +536,15 @@ def main():
     p.add_argument("--torch", help="bench_torch JSON of its paired cases")
     p.add_argument("--repetitions", type=int, default=3, help="repetitions of the paired cases")
     p.set_defaults(run=quick)
+
+    p = commands.add_parser("sizes", help="speed at every size (scripts/bench.sh --sizes)")
+    p.add_argument("in_cache", help="bench_clip JSON of the paired cases at 128 Ki elements")
+    p.add_argument("out_of_cache", help="bench_clip JSON of the paired norms at 64 Mi elements")
+    p.add_argument("sizes", help="bench_sizes JSON")
+    p.add_argument("markdown", help="output section (markdown)")
+    p.add_argument("png", help="output chart")
+    p.add_argument("--torch", help="bench_torch JSON of its GPT-2 small paired cases")
+    p.set_defaults(run=sizes)
 
     args = parser.parse_args()
     args.run(args)

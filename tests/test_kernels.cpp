@@ -7,9 +7,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -21,8 +23,11 @@ using gradclip::detail::isa;
 namespace portable = gradclip::detail::portable;
 
 constexpr std::uint64_t seed = 20261202;
-constexpr std::size_t lengths[] = {0,   1,   3,   7,   8,   15,  16,  17,  31,   32,   33,   63,   64,  65,
-                                   127, 129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025, 2047, 3001};
+constexpr std::size_t lengths[] = {0,    1,    3,    7,    8,    15,   16,   17,   31,  32,  33,
+                                   63,   64,   65,   127,  129,  255,  256,  257,  511, 512, 513,
+                                   1023, 1024, 1025, 2047, 3001, 4095, 4096, 4097, 8193};
+
+constexpr std::size_t longest = *std::max_element(std::begin(lengths), std::end(lengths));
 
 std::vector<isa> vector_isas() {
   std::vector<isa> result;
@@ -101,7 +106,7 @@ TYPED_TEST(Kernels, BlockSumsMatchPortableForEveryLengthAndAlignment) {
   using T = TypeParam;
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  const auto data = random_values<T>(3001 + 4, rng);
+  const auto data = random_values<T>(longest + 4, rng);
   for_each_accumulator<T>([&](auto acc) {
     for (std::size_t n : lengths)
       for (std::size_t offset = 0; offset < 4; ++offset) check_block_sums<decltype(acc)>(data, offset, n, "random");
@@ -129,6 +134,7 @@ std::size_t ranged_stop(const std::vector<T>& data) {
 // the Ranged kernels there (for the caller to rescale it); a block of zeros, of either sign, does not.
 TYPED_TEST(Kernels, BlockSumsStopAtBlocksTheirSumCannotHold) {
   using T = TypeParam;
+  constexpr std::size_t block = gradclip::detail::block_for<T>;
   std::mt19937_64 rng(seed + 1);
   for_each_accumulator<T>([&](auto acc) {
     using Acc = decltype(acc);
@@ -136,19 +142,19 @@ TYPED_TEST(Kernels, BlockSumsStopAtBlocksTheirSumCannotHold) {
               small = std::numeric_limits<Acc>::min_exponent / 2 - 30;
     for (int e : {big, small}) {
       if (e >= std::numeric_limits<T>::max_exponent || e < std::numeric_limits<T>::min_exponent) continue;
-      auto data = random_values<T>(3001, rng);
+      auto data = random_values<T>(3 * block + 1, rng);
       const T outlier = from_double<T>(std::ldexp(1.0, e));
-      std::fill(data.begin() + 1024, data.begin() + 2048, outlier);
-      data[1500] = -outlier;
-      EXPECT_EQ(ranged_stop<Acc>(data), 1024u) << "outlier 2^" << e;
+      std::fill(data.begin() + block, data.begin() + 2 * block, outlier);
+      data[block + 476] = -outlier;
+      EXPECT_EQ(ranged_stop<Acc>(data), block) << "outlier 2^" << e;
     }
-    auto data = random_values<T>(3001, rng);
-    std::fill(data.begin() + 1024, data.begin() + 2048, T(0));
-    data[1500] = T(-0.0f);
+    auto data = random_values<T>(3 * block + 1, rng);
+    std::fill(data.begin() + block, data.begin() + 2 * block, T(0));
+    data[block + 476] = T(-0.0f);
     EXPECT_EQ(ranged_stop<Acc>(data), data.size()) << "a block of zeros";
-    data[1500] = std::numeric_limits<T>::denorm_min();
+    data[block + 476] = std::numeric_limits<T>::denorm_min();
     if (std::ldexp(1.0, 2 * std::numeric_limits<T>::min_exponent) < 0x1p-40) {
-      EXPECT_EQ(ranged_stop<Acc>(data), 1024u) << "zeros and one subnormal";
+      EXPECT_EQ(ranged_stop<Acc>(data), block) << "zeros and one subnormal";
     }
   });
 }
@@ -156,11 +162,12 @@ TYPED_TEST(Kernels, BlockSumsStopAtBlocksTheirSumCannotHold) {
 // A NaN's block stops the Ranged kernels, vector and portable alike (the rescan reports the NaN).
 TYPED_TEST(Kernels, BlockSumsStopAtANanBlock) {
   using T = TypeParam;
+  constexpr std::size_t block = gradclip::detail::block_for<T>;
   std::mt19937_64 rng(seed + 3);
   for_each_accumulator<T>([&](auto acc) {
-    auto data = random_values<T>(3001, rng);
-    data[1030] = std::numeric_limits<T>::quiet_NaN();
-    EXPECT_EQ(ranged_stop<decltype(acc)>(data), 1024u);
+    auto data = random_values<T>(3 * block + 1, rng);
+    data[block + 6] = std::numeric_limits<T>::quiet_NaN();
+    EXPECT_EQ(ranged_stop<decltype(acc)>(data), block);
   });
 }
 
@@ -230,7 +237,7 @@ void for_each_compute(F&& f) {
 TYPED_TEST(Kernels, MultiplyMatchesPortableBitForBit) {
   using T = TypeParam;
   std::mt19937_64 rng(seed + 3);
-  const auto data = random_values<T>(3001 + 4, rng, 100.0);
+  const auto data = random_values<T>(longest + 4, rng, 100.0);
   for_each_compute<T>([&](auto compute) {
     using Compute = decltype(compute);
     for (Compute c : {Compute(0.3), Compute(1.0) / Compute(3), Compute(1e-3), Compute(0)})
@@ -307,7 +314,7 @@ TYPED_TEST(Kernels, DivideMatchesPortableBitForBitAndRoundsCorrectly) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(1.0, 2.0);
   std::uniform_int_distribution<int> e(-30, 30);
-  std::vector<T> data(3100);
+  std::vector<T> data(longest + 2);
   for (auto& x : data) x = static_cast<T>(static_cast<float>(std::ldexp(u(rng), e(rng)) * (u(rng) < 1.5 ? -1 : 1)));
   data[7] = std::numeric_limits<T>::denorm_min();
   data[8] = std::numeric_limits<T>::max();

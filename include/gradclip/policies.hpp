@@ -21,11 +21,11 @@ struct naive {};
 /// applied in that type. Overflows once a square or a chain exceeds FP32's range (e.g. FP32 `[1e20, 1e20]`).
 struct promote {};
 
-/// Max scaling: as promote, but a block of 1024 elements whose sum of squares overflows, or is so small
-/// (below 2^-100 in FP32, 2^-900 in FP64) that a square may have underflowed, is summed again divided by
-/// a power of two near its largest magnitude, and the scaled sums are merged. Never overflows or
-/// underflows for finite input. FP64 sums are plain (80 * 2^-53 relative); the coefficient is applied as
-/// robust applies it, so FP64 elements are within one ulp plus that error.
+/// Max scaling: as promote, but a block of 1024 elements (4096 FP16 or BF16) whose sum of squares
+/// overflows, or is so small (below 2^-100 in FP32, 2^-900 in FP64) that a square may have underflowed,
+/// is summed again divided by a power of two near its largest magnitude, and the scaled sums are merged.
+/// Never overflows or underflows for finite input. FP64 sums are plain (80 * 2^-53 relative); the
+/// coefficient is applied as robust applies it, so FP64 elements are within one ulp plus that error.
 struct max_scale {};
 
 /// The default. FP16/BF16: exact FP32 squares in chains of 32, carried into FP64, BF16 blocks max-scaled

@@ -44,7 +44,7 @@ inline partial_norm rescaled_block(const T* block, std::size_t m) noexcept {
   const auto [first, second] = power_of_two_factors<Acc>(-e);
   if (first == Acc(1)) return {e, portable::sum_squares<Acc>(block, m, second), true};
   // Apply the first factor through a small buffer so the kernel still takes one scale.
-  Acc buffer[block_size];
+  Acc buffer[block_for<T>];
   for (std::size_t i = 0; i < m; ++i) buffer[i] = widen<Acc>(block[i]) * first;
   return {e, portable::sum_squares<Acc>(buffer, m, second), true};
 }
@@ -72,7 +72,7 @@ inline partial_norm sum_squares(const T* p, std::size_t n) noexcept {
       unscaled += block_sums<Acc, true>(target, p + start, n - start, min_sum, done);
       start += done;
       if (start == n) break;
-      const std::size_t m = std::min(block_size, n - start);
+      const std::size_t m = std::min(block_for<T>, n - start);
       rescaled.merge(rescaled_block<Acc>(p + start, m));
       start += m;
     }

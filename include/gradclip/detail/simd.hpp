@@ -30,6 +30,12 @@ namespace gradclip::detail {
 // large enough that the per-block bookkeeping is negligible.
 inline constexpr std::size_t block_size = 1024;
 
+// The blocks in which squares of T are summed, checked and rescaled: 16-bit elements take four times
+// as many (8 KiB), so that the per-block lane sum and compensated total, about a fifth of the time of a
+// 1024-element FP16 block in cache, are spread over more of them.
+template <class T>
+inline constexpr std::size_t block_for = sizeof(T) == 2 ? 4 * block_size : block_size;
+
 // T's squares are exact in Acc over T's whole range (no rounding, overflow or underflow): FP16 and
 // BF16 in FP64, FP16 in FP32, FP32 in FP64. A fused multiply-add then adds a square with the one
 // rounding of the portable kernels' square-then-add, so the vector kernels use it and stay bit-identical.
@@ -225,15 +231,15 @@ bool accurate_unscaled(const T* block, std::size_t m, double sum, double min_sum
   return sum == 0.0 && all_zeros(block, m);
 }
 
-/// Sums the squares of each block of block_size elements (see sum_squares) and totals the block sums
+/// Sums the squares of each block of block_for<T> elements (see sum_squares) and totals the block sums
 /// in FP64, compensated. When Ranged, stops before the first block whose sum is not accurate unscaled
 /// (accurate_unscaled), for the caller to rescale. `done` is the number of elements summed.
 template <class Acc, bool Ranged, class T>
 double block_sums(const T* p, std::size_t n, double min_sum, std::size_t& done) noexcept {
   compensated_sum total;
   std::size_t start = 0;
-  for (; start < n; start += block_size) {
-    const std::size_t m = std::min(block_size, n - start);
+  for (; start < n; start += block_for<T>) {
+    const std::size_t m = std::min(block_for<T>, n - start);
     const double sum = sum_squares<Acc>(p + start, m);
     if (Ranged && !accurate_unscaled(p + start, m, sum, min_sum)) break;
     total.add(sum);
