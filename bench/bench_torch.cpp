@@ -167,6 +167,16 @@ void register_case(const char* name, void (*function)(benchmark::State&, layout,
   }
 }
 
+/// One dtype's four cases: the read roofline, libtorch's clip (or what its user writes), gradclip's, and
+/// the two timed in pairs.
+void register_dtype(torch::Dtype type, const char* dtype_name, const char* libtorch_name,
+                    void (*libtorch)(benchmark::State&, layout, torch::Dtype), const std::vector<layout>& shapes) {
+  register_case("plain_read", plain_read, type, dtype_name, shapes);
+  register_case(libtorch_name, libtorch, type, dtype_name, shapes);
+  register_case("gradclip_libtorch_clip_grad_norm_", gradclip_libtorch, type, dtype_name, shapes);
+  register_case("paired", paired, type, dtype_name, shapes);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,18 +184,9 @@ int main(int argc, char** argv) {
   const std::vector<layout> sizes{uniform(1, std::int64_t{64} << 20), uniform(256, std::int64_t{16} << 10)};
   const std::vector<layout> all{sizes[0], sizes[1], gpt2_small()};
   const std::vector<layout> gpt2{gpt2_small()};
-  register_case("plain_read", plain_read, torch::kFloat, "float32", all);
-  register_case("libtorch_clip_grad_norm_", libtorch_native, torch::kFloat, "float32", all);
-  register_case("gradclip_libtorch_clip_grad_norm_", gradclip_libtorch, torch::kFloat, "float32", all);
-  register_case("paired", paired, torch::kFloat, "float32", all);
-  register_case("plain_read", plain_read, torch::kHalf, "float16", sizes);
-  register_case("libtorch_cast_float", libtorch_cast_float, torch::kHalf, "float16", sizes);
-  register_case("gradclip_libtorch_clip_grad_norm_", gradclip_libtorch, torch::kHalf, "float16", sizes);
-  register_case("paired", paired, torch::kHalf, "float16", sizes);
-  register_case("plain_read", plain_read, torch::kBFloat16, "bfloat16", gpt2);
-  register_case("libtorch_clip_grad_norm_", libtorch_native, torch::kBFloat16, "bfloat16", gpt2);
-  register_case("gradclip_libtorch_clip_grad_norm_", gradclip_libtorch, torch::kBFloat16, "bfloat16", gpt2);
-  register_case("paired", paired, torch::kBFloat16, "bfloat16", gpt2);
+  register_dtype(torch::kFloat, "float32", "libtorch_clip_grad_norm_", libtorch_native, all);
+  register_dtype(torch::kHalf, "float16", "libtorch_cast_float", libtorch_cast_float, sizes);
+  register_dtype(torch::kBFloat16, "bfloat16", "libtorch_clip_grad_norm_", libtorch_native, gpt2);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
