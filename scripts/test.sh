@@ -20,7 +20,8 @@ for preset in default clang; do
 done
 
 # The whole suite again under AddressSanitizer and UndefinedBehaviorSanitizer (g++; the clang build
-# above already ran the fuzz target with them).
+# above already ran the fuzz target with them), without the examples and package tests the two builds
+# above ran.
 echo "== build and test: sanitize"
 cmake --preset sanitize >/dev/null
 cmake --build --preset sanitize -j "$(nproc)"
