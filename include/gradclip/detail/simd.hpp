@@ -517,13 +517,6 @@ struct f32 {
   static __m256d widen_low(vec v) noexcept { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
   static __m256d widen_high(vec v) noexcept { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
   static vec mul(vec a, vec b) noexcept { return _mm256_mul_ps(a, b); }
-  static vec abs(vec v) noexcept { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
-  static vec max(vec a, vec b) noexcept { return _mm256_max_ps(a, b); }  // b where a is NaN
-  static float max_lane(vec v) noexcept {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-  }
 };
 
 struct f64 {
@@ -673,11 +666,6 @@ struct f32 {
     return _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, v, 1));
   }
   static vec mul(vec a, vec b) noexcept { return _mm512_mul_ps(a, b); }
-  static vec abs(vec v) noexcept { return _mm512_abs_ps(v); }
-  static vec max(vec a, vec b) noexcept { return _mm512_maskz_max_ps(0xffff, a, b); }  // b where a is NaN
-  static float max_lane(vec v) noexcept {  // the halves' maximum, then avx2's shuffles
-    return avx2::f32::max_lane(_mm256_max_ps(_mm512_castps512_ps256(v), _mm512_maskz_extractf32x8_ps(0xff, v, 1)));
-  }
 };
 
 struct f64 {
@@ -709,7 +697,7 @@ struct f64 {
     const vec a = abs(v);
     return _mm512_mask_cmp_pd_mask(_mm512_cmp_pd_mask(a, lo, _CMP_GE_OQ), a, hi, _CMP_LT_OQ);
   }
-  static double max_lane(vec v) noexcept {  // see f32::max_lane
+  static double max_lane(vec v) noexcept {  // the halves' maximum, then avx2's shuffles
     return avx2::f64::max_lane(_mm256_max_pd(_mm512_castpd512_pd256(v), _mm512_maskz_extractf64x4_pd(0xf, v, 1)));
   }
   // For the p-norm loops and divide (see scalar::f64).
