@@ -3,6 +3,7 @@
 // quantile of the per-example norms by a geometric update from the fraction of examples it did not clip.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/exact_io.hpp>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <string>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// The bound's parameters, with Andrew et al.'s defaults.
 struct adaptive_bound_config {
@@ -113,4 +115,5 @@ class adaptive_bound {
   std::size_t steps_ = 0;
 };
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

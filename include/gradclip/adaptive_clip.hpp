@@ -2,6 +2,7 @@
 // of its weights, with Optax's adaptive_grad_clip semantics.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/pipeline.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/detail/strided_view.hpp>
@@ -23,6 +24,7 @@
 #include <vector>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// What adaptive_clip did.
 struct [[nodiscard]] adaptive_clip_result {
@@ -270,4 +272,5 @@ adaptive_clip_result adaptive_clip(Grad&& grad, const Weights& weights, double c
                                      nonfinite);
 }
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

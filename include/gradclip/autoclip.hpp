@@ -2,6 +2,7 @@
 #pragma once
 
 #include <gradclip/controller.hpp>
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/exact_io.hpp>
 #include <gradclip/options.hpp>
 
@@ -17,6 +18,7 @@
 #include <vector>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// AutoClip's parameters, with the reference's defaults.
 struct autoclip_config {
@@ -126,4 +128,5 @@ class autoclip {
   std::vector<double> sorted_;  // the same norms in ascending order
 };
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

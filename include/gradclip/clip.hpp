@@ -1,6 +1,7 @@
 // Clipping by norm (one gradient or a group under one global norm) and by value.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/pipeline.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/norm.hpp>
@@ -17,6 +18,7 @@
 #include <type_traits>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 namespace detail {
 
@@ -115,4 +117,5 @@ void clip_by_value(Grad&& g, double limit) {
   });
 }
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

@@ -3,6 +3,7 @@
 // training is in.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/exact_io.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
@@ -17,6 +18,7 @@
 #include <string>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// The number of elements of one gradient or of a group (any range of gradients): the n in the
 /// threshold's natural sqrt(n) growth.
@@ -179,4 +181,5 @@ class clip_stats {
   double last_threshold_ = 0.0;
 };
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

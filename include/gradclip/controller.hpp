@@ -2,6 +2,7 @@
 // gradient norms (gradclip::zclip, autoclip, spike_skip), and the clipping calls that consult them.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/pipeline.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
@@ -12,6 +13,7 @@
 #include <utility>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 namespace detail {
 
@@ -69,4 +71,5 @@ clip_result clip_by_norm(Grad&& g, Controller& controller, const options& opt = 
   return detail::clip<Policy>("gradclip::clip_by_norm", group, detail::controlled<Controller>{controller}, opt);
 }
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

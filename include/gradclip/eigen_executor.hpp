@@ -2,6 +2,7 @@
 // (or any Eigen::ThreadPoolInterface) or an Eigen::ThreadPoolDevice. Not included by gradclip.hpp.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/options.hpp>
 
 #include <unsupported/Eigen/CXX11/ThreadPool>
@@ -11,6 +12,7 @@
 #include <utility>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// An executor (options::pool) over an Eigen pool; `Pool` is Eigen::ThreadPoolDevice or an
 /// Eigen::ThreadPoolInterface. The pool must outlive the calls that use it.
@@ -53,4 +55,5 @@ class eigen_executor final : public executor {
   Pool& pool_;
 };
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

@@ -3,6 +3,7 @@
 // product, without ever forming a per-example weight gradient.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/reduce.hpp>
 #include <gradclip/detail/scaled.hpp>
@@ -20,6 +21,7 @@
 #include <vector>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// How add_ghost_norms forms ||grad W_i||^2 = ||B_i^T A_i||_F^2 for T > 1 steps per example.
 enum class ghost_form {
@@ -258,4 +260,5 @@ void ghost_weighted_sum(const per_example_plan& plan, const Eigen::MatrixBase<In
   detail::ghost_sum(plan, inputs, output_grads, steps, weight_sum, &bias_sum);
 }
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

@@ -2,6 +2,7 @@
 // groups that mix element types (FP16 weights with FP32 biases) under one global norm.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/strided_view.hpp>
 
@@ -14,6 +15,7 @@
 #include <utility>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 class grad_view;
 class const_grad_view;
@@ -233,4 +235,5 @@ decltype(auto) visit_gradient(G& g, F&& f) {
 }
 
 }  // namespace detail
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

@@ -1,6 +1,7 @@
 // Per-group thresholds: several named groups clipped in one call, each by its own global norm.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/pipeline.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
@@ -11,6 +12,7 @@
 #include <vector>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// A named group of gradients (any element types) and the threshold of its own global norm. The views
 /// do not own the gradients, which must outlive the call and belong to one group only.
@@ -57,4 +59,5 @@ std::vector<group_clip_result> clip_by_group_norms(const std::vector<param_group
   return results;
 }
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradclip/controller.hpp>
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/pipeline.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
@@ -19,7 +20,9 @@
 #include <string>
 #include <vector>
 
-namespace gradclip::mpi {
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace mpi {
 
 /// Thrown when an MPI call made by gradclip fails; `code` is the MPI error code. gradclip's collectives
 /// run on a duplicate of the caller's communicator whose error handler returns instead of aborting.
@@ -290,4 +293,6 @@ clip_result clip_by_global_norm(MPI_Comm comm, Grads& local_grads, Controller& c
                                         opt, [&] { return detail::combine(function, own, a); });
 }
 
-}  // namespace gradclip::mpi
+}  // namespace mpi
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip

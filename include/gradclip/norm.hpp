@@ -1,6 +1,7 @@
 // Norms of one gradient or of a group, under a policy and options::norm.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/pipeline.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
@@ -12,6 +13,7 @@
 #include <type_traits>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// The norm (options::norm: L2 by default, L1, max or any p > 0) of one gradient, in double: +inf only
 /// when a finite FP64 gradient's norm exceeds double's range or the policy overflows (naive, promote);
@@ -54,4 +56,5 @@ double global_norm(std::initializer_list<const_grad_view> grads, const options& 
   return detail::reduce<Policy>(grads, opt).norm();
 }
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

@@ -1,12 +1,15 @@
 // What a clipping call is told (options, norm_type) and what it reports (clip_result, nonfinite_error).
 #pragma once
 
+#include <gradclip/detail/config.hpp>
+
 #include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// What to do when the norm is not finite: a NaN or Inf element, or (naive, promote) an overflow.
 enum class on_nonfinite {
@@ -84,4 +87,5 @@ struct [[nodiscard]] clip_result {
   bool skip = false;
 };
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

@@ -4,7 +4,7 @@
 // rescaled sums).
 #pragma once
 
-#include <gradclip/detail/fp_checks.hpp>
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/scaled.hpp>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include <limits>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// A piece of the p-norm of some elements: for finite p, sum |x|^p = `sum * 2^(p * exponent)`, so that
 /// norm = 2^exponent * sum^(1/p) (for the L2 norm, the sum of squares is `sum * 4^exponent`); for p = inf,
@@ -219,4 +220,5 @@ struct partial_norm {
   }
 };
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradclip/adaptive_clip.hpp>  // unit_split, split_units, unit_norms: a batch is cut into examples as AGC cuts units
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/pipeline.hpp>
 #include <gradclip/detail/reduce.hpp>
@@ -25,6 +26,7 @@
 #include <vector>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// What a per-example clipping call did: the counts a privacy accountant and an adaptive bound need.
 struct [[nodiscard]] per_example_result {
@@ -503,4 +505,5 @@ per_example_result clip_per_example_per_layer(const PerExample& per_example, Sum
   return clip_per_example_per_layer(per_example, std::forward<Sums>(sums), std::vector<double>(layers, share), opt);
 }
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

@@ -8,9 +8,12 @@
 // applied with the policy's scaling.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
+
 #include <type_traits>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// Squares and sums in the gradient's own type, as `g.square().sum().sqrt()` does.
 /// Reproduces the FP16 overflow bug on purpose; for tests and benchmarks only.
@@ -108,4 +111,5 @@ template <class Policy>
 inline constexpr bool is_policy_v = is_policy<Policy>::value;
 
 }  // namespace detail
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradclip/controller.hpp>
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/exact_io.hpp>
 #include <gradclip/options.hpp>
 
@@ -18,6 +19,7 @@
 #include <vector>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// spike_skip's parameters, with OLMo-core's defaults.
 struct spike_skip_config {
@@ -154,4 +156,5 @@ class spike_skip {
   double std_ = 0;
 };
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

@@ -6,6 +6,7 @@
 
 #include <gradclip/adaptive_clip.hpp>
 #include <gradclip/clip.hpp>
+#include <gradclip/detail/config.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/policies.hpp>
@@ -24,7 +25,9 @@
 #include <utility>
 #include <vector>
 
-namespace gradclip::libtorch {
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace libtorch {
 
 namespace detail {
 
@@ -281,4 +284,6 @@ inline adaptive_clip_result adaptive_clip_(const torch::Tensor& parameter, doubl
   return result;
 }
 
-}  // namespace gradclip::libtorch
+}  // namespace libtorch
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip

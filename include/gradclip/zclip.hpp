@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradclip/controller.hpp>
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/exact_io.hpp>
 #include <gradclip/options.hpp>
 
@@ -18,6 +19,7 @@
 #include <vector>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// How zclip tests a norm against its running statistics.
 enum class zclip_mode {
@@ -210,4 +212,5 @@ class zclip {
   std::vector<double> warmup_norms_;
 };
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

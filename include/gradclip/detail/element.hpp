@@ -1,6 +1,8 @@
 // Element types: which scalars gradclip accepts, their runtime tag, and conversions that vectorize.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
+
 #include <Eigen/Core>
 
 #include <cstdint>
@@ -8,6 +10,7 @@
 #include <type_traits>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// Runtime tag of a gradient's element type, for groups that mix types.
 enum class dtype { float16, bfloat16, float32, float64 };
@@ -108,4 +111,5 @@ inline T narrow(Compute x) noexcept {
 }
 
 }  // namespace detail
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip

@@ -2,6 +2,8 @@
 // -0 and every last bit come back), sizes as decimals, and a leading tag that names the type.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -11,7 +13,9 @@
 #include <string>
 #include <vector>
 
-namespace gradclip::detail {
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
 
 /// Writes x as "0x" and the 16 hex digits of its IEEE-754 bit pattern; the stream's flags are kept.
 inline void write_exact(std::ostream& out, double x) {
@@ -99,4 +103,6 @@ inline bool read_tag(std::istream& in, const char* tag) {
   return static_cast<bool>(in);
 }
 
-}  // namespace gradclip::detail
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip

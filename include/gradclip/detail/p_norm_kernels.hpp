@@ -2,6 +2,7 @@
 // partial_norm whose power-of-two scale keeps every finite input from overflowing or underflowing.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/detail/simd.hpp>
@@ -15,7 +16,9 @@
 #include <type_traits>
 #include <utility>
 
-namespace gradclip::detail {
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
 
 // 64-bit integer lanes beside each instruction set's `f64`, for the table terms (p_norm_loops.inc):
 // bit fields of FP64 values as table indices, and gathers. Compiled for the same targets as simd.hpp's
@@ -138,9 +141,18 @@ struct i64 {
   static vec bit_and(vec a, vec b) noexcept { return _mm512_and_si512(a, b); }
   static vec bit_or(vec a, vec b) noexcept { return _mm512_or_si512(a, b); }
   static vec keep(__mmask8 m, vec v) noexcept { return _mm512_maskz_mov_epi64(m, v); }
+// Without optimization GCC's gather is a macro that passes the mask on as a plain char, which
+// -Wsign-conversion reports at the user's call site.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-conversion"
+#endif
   static __m512d gather(const double* base, vec i) noexcept {
     return _mm512_mask_i64gather_pd(_mm512_setzero_pd(), 0xff, i, base, 8);
   }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 };
 struct i16 {  // see avx2::i16
   using vec = __m512i;
@@ -513,4 +525,6 @@ inline partial_norm power_sum_kernel(const T* p, std::size_t n, double order) no
   return pnorm::general_kernel(p, n, order, pnorm::choose_path<T>(n, order));
 }
 
-}  // namespace gradclip::detail
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip

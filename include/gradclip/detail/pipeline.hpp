@@ -5,6 +5,7 @@
 // clipped bit are the same for any thread count and any scheduling.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/reduce.hpp>
 #include <gradclip/detail/scale.hpp>
 #include <gradclip/detail/scaled.hpp>
@@ -25,7 +26,9 @@
 #include <utility>
 #include <vector>
 
-namespace gradclip::detail {
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
 
 /// Elements per piece of a contiguous gradient (a multiple of the kernels' block size): small enough to
 /// balance two to sixteen threads on large gradients, large enough that merging pieces costs nothing.
@@ -273,4 +276,6 @@ clip_result clip(const char* function, Grads& grads, const Source& source, const
   return clip<Policy>(function, grads, source, opt, [&] { return reduce<Policy>(grads, opt); });
 }
 
-}  // namespace gradclip::detail
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip

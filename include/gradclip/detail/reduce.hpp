@@ -2,6 +2,7 @@
 // table, and every other p-norm by the p-norm kernels, each returning a partial_norm.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/p_norm_kernels.hpp>
 #include <gradclip/detail/scaled.hpp>
@@ -15,7 +16,9 @@
 #include <limits>
 #include <type_traits>
 
-namespace gradclip::detail {
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
 
 // FP64 block maxima inside [2^-range, 2^range] are summed unscaled by the compensated kernel: its squares
 // can then neither overflow nor lose more than a negligible 2^-40 relative to underflow. Sums in Acc are
@@ -187,4 +190,6 @@ inline partial_norm reduce_run(const T* p, std::size_t n, double order) noexcept
     return sum_squares<typename traits::template accumulator<element>, traits::max_scales>(p, n);
 }
 
-}  // namespace gradclip::detail
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip

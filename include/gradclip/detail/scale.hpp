@@ -2,6 +2,7 @@
 // policy's row of the traits table, and g <- g / s, each rounded once to the element type.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/detail/simd.hpp>
@@ -12,7 +13,9 @@
 #include <limits>
 #include <type_traits>
 
-namespace gradclip::detail {
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
 
 // The smallest exponent of a coefficient whose parts, mantissa and tail, both scale to normal doubles
 // (the tail is about 2^-53 of the mantissa), so that multiply_compensated applies it.
@@ -91,4 +94,6 @@ void scale_run(T* p, std::size_t n, const scaled& c) noexcept {
   scaler<Policy>{c}(p, n);
 }
 
-}  // namespace gradclip::detail
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip

@@ -2,13 +2,15 @@
 // whose value lies outside double's range (FP64 gradients near 1.8e308 or in the subnormals).
 #pragma once
 
-#include <gradclip/detail/fp_checks.hpp>
+#include <gradclip/detail/config.hpp>
 
 #include <cmath>
 #include <limits>
 #include <utility>
 
-namespace gradclip::detail {
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
 
 /// 2^e as two factors, each a normal number of Real, for |e| up to twice Real's exponent range: 2^e
 /// itself may not be representable, but x * first * second then rounds only where the result does.
@@ -105,4 +107,6 @@ inline scaled quotient_with_tail(double numerator, const scaled& denominator, do
   return scaled{rounded, n.exponent - base, rest - (rounded - q)}.normalized();
 }
 
-}  // namespace gradclip::detail
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip

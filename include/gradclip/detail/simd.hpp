@@ -5,6 +5,7 @@
 // contraction.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/scaled.hpp>
 
@@ -24,7 +25,9 @@
 #define GRADCLIP_X86_DISPATCH 0
 #endif
 
-namespace gradclip::detail {
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
 
 // Elements per block: small enough that a block is rescanned from L1 when it needs rescaling,
 // large enough that the per-block bookkeeping is negligible.
@@ -811,4 +814,6 @@ void divide([[maybe_unused]] isa target, T* p, std::size_t n, double s) noexcept
   portable::divide(p, n, s);
 }
 
-}  // namespace gradclip::detail
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip

@@ -2,6 +2,7 @@
 // reduced to segments of contiguous elements, so the kernels only ever see a pointer and a length.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/reduce.hpp>
 
@@ -9,7 +10,9 @@
 #include <cstddef>
 #include <type_traits>
 
-namespace gradclip::detail {
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
 
 /// `outer_size` segments of `inner_size` elements; segment j starts at data + j * outer_stride and
 /// holds its elements inner_stride apart. Contiguous buffers are one segment with inner_stride 1.
@@ -66,4 +69,6 @@ strided_view<T> normalized(strided_view<T> v) noexcept {
   return v;
 }
 
-}  // namespace gradclip::detail
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip

@@ -2,6 +2,8 @@
 // instead of starting threads.
 #pragma once
 
+#include <gradclip/detail/config.hpp>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
@@ -11,7 +13,9 @@
 #include <thread>
 #include <vector>
 
-namespace gradclip::detail {
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
 
 class thread_pool {
  public:
@@ -99,4 +103,6 @@ class thread_pool {
   bool stopping_ = false;
 };
 
-}  // namespace gradclip::detail
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip

@@ -1,0 +1,122 @@
+// What the compiler's flags mean for gradclip: the floating-point modes it refuses, and the inline
+// namespace that names the instruction sets a translation unit was compiled for. Every gradclip header
+// includes this one.
+#pragma once
+
+#if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__) || defined(__ASSOCIATIVE_MATH__)
+#error \
+    "gradclip: -ffast-math, -ffinite-math-only and -fassociative-math are not supported. Under them the compiler may assume no NaN or Inf exists (so a non-finite gradient would be clipped as if it were finite) and may reorder the compensated sums (so the documented error bounds would not hold). Compile the translation units that include gradclip without these flags (e.g. add -fno-fast-math after them)."
+#endif
+
+// Every gradclip function is inline, so each translation unit that uses one emits a copy, and the linker
+// keeps any one of them. A copy compiled with -mavx512f (or -march=native) would then run where a unit
+// built for the baseline calls it, and fault on a CPU without AVX-512. So everything gradclip defines
+// lives in an inline namespace named after the instruction-set extensions the compiler may use: units
+// built with different flags get different symbols and never replace each other's code. Each name part
+// is one extension the compiler's macros report (x86-64 and arm64); GRADCLIP_NO_SIMD changes the name too.
+#define GRADCLIP_ABI_PASTE(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p) \
+  abi##a##b##c##d##e##f##g##h##i##j##k##l##m##n##o##p
+#define GRADCLIP_ABI_NAME(...) GRADCLIP_ABI_PASTE(__VA_ARGS__)
+
+#if defined(__SSE4_2__)
+#define GRADCLIP_ABI_SSE _sse42
+#elif defined(__SSE4_1__)
+#define GRADCLIP_ABI_SSE _sse41
+#elif defined(__SSSE3__)
+#define GRADCLIP_ABI_SSE _ssse3
+#elif defined(__SSE3__)
+#define GRADCLIP_ABI_SSE _sse3
+#else
+#define GRADCLIP_ABI_SSE
+#endif
+#if defined(__POPCNT__)
+#define GRADCLIP_ABI_POPCNT _popcnt
+#else
+#define GRADCLIP_ABI_POPCNT
+#endif
+#if defined(__AVX2__)
+#define GRADCLIP_ABI_AVX _avx2
+#elif defined(__AVX__)
+#define GRADCLIP_ABI_AVX _avx
+#else
+#define GRADCLIP_ABI_AVX
+#endif
+#if defined(__FMA__)
+#define GRADCLIP_ABI_FMA _fma
+#else
+#define GRADCLIP_ABI_FMA
+#endif
+#if defined(__F16C__)
+#define GRADCLIP_ABI_F16C _f16c
+#else
+#define GRADCLIP_ABI_F16C
+#endif
+#if defined(__BMI2__)
+#define GRADCLIP_ABI_BMI _bmi2
+#elif defined(__BMI__)
+#define GRADCLIP_ABI_BMI _bmi
+#else
+#define GRADCLIP_ABI_BMI
+#endif
+#if defined(__LZCNT__)
+#define GRADCLIP_ABI_LZCNT _lzcnt
+#else
+#define GRADCLIP_ABI_LZCNT
+#endif
+#if defined(__AVX512F__)
+#define GRADCLIP_ABI_AVX512F _avx512f
+#else
+#define GRADCLIP_ABI_AVX512F
+#endif
+#if defined(__AVX512BW__)
+#define GRADCLIP_ABI_AVX512BW _bw
+#else
+#define GRADCLIP_ABI_AVX512BW
+#endif
+#if defined(__AVX512DQ__)
+#define GRADCLIP_ABI_AVX512DQ _dq
+#else
+#define GRADCLIP_ABI_AVX512DQ
+#endif
+#if defined(__AVX512VL__)
+#define GRADCLIP_ABI_AVX512VL _vl
+#else
+#define GRADCLIP_ABI_AVX512VL
+#endif
+#if defined(__AVX512CD__)
+#define GRADCLIP_ABI_AVX512CD _cd
+#else
+#define GRADCLIP_ABI_AVX512CD
+#endif
+#if defined(__AVX512FP16__)
+#define GRADCLIP_ABI_AVX512FP16 _fp16
+#else
+#define GRADCLIP_ABI_AVX512FP16
+#endif
+#if defined(__AVX512BF16__)
+#define GRADCLIP_ABI_AVX512BF16 _bf16
+#else
+#define GRADCLIP_ABI_AVX512BF16
+#endif
+// arm64: the scalable vectors and the half-precision arithmetic the compiler may use.
+#if defined(__ARM_FEATURE_SVE)
+#define GRADCLIP_ABI_ARM _sve
+#elif defined(__ARM_FEATURE_FP16_SCALAR_ARITHMETIC)
+#define GRADCLIP_ABI_ARM _fp16arith
+#else
+#define GRADCLIP_ABI_ARM
+#endif
+#if defined(GRADCLIP_NO_SIMD)
+#define GRADCLIP_ABI_SIMD _nosimd
+#else
+#define GRADCLIP_ABI_SIMD
+#endif
+
+/// The inline namespace around everything gradclip defines: `abi` followed by the extensions, e.g.
+/// gradclip::abi for the x86-64 baseline, gradclip::abi_sse42_popcnt_avx2_fma_f16c_bmi2_lzcnt for
+/// -march=x86-64-v3. Code names gradclip::clip_by_norm and never needs it.
+#define GRADCLIP_ABI                                                                                              \
+  GRADCLIP_ABI_NAME(GRADCLIP_ABI_SSE, GRADCLIP_ABI_POPCNT, GRADCLIP_ABI_AVX, GRADCLIP_ABI_FMA, GRADCLIP_ABI_F16C, \
+                    GRADCLIP_ABI_BMI, GRADCLIP_ABI_LZCNT, GRADCLIP_ABI_AVX512F, GRADCLIP_ABI_AVX512BW,            \
+                    GRADCLIP_ABI_AVX512DQ, GRADCLIP_ABI_AVX512VL, GRADCLIP_ABI_AVX512CD, GRADCLIP_ABI_AVX512FP16, \
+                    GRADCLIP_ABI_AVX512BF16, GRADCLIP_ABI_ARM, GRADCLIP_ABI_SIMD)
