@@ -401,7 +401,29 @@ TYPED_TEST(LossScalerTyped, NonFiniteGradientsFollowTheOptions) {
   const clip_result r = scaler.unscale(with_nan);
   EXPECT_FALSE(r.finite);
   EXPECT_TRUE(std::isnan(r.norm));
-  EXPECT_EQ(static_cast<double>(with_nan[0]), 1.0);  // untouched, not unscaled
+  EXPECT_EQ(static_cast<double>(with_nan[0]), 1.0 / 8.0);  // unscaled: unscale has nothing to skip
+  EXPECT_TRUE(std::isnan(static_cast<double>(with_nan[1])));
+}
+
+// PyTorch's unscale_ on [1024, -2048, inf] with S = 65536 gives [1/64, -1/32, inf]: an unscale divides,
+// it never multiplies by a coefficient that a non-finite norm made NaN.
+TYPED_TEST(LossScalerTyped, UnscaleDividesFiniteElementsUnderEveryNonFiniteSetting) {
+  using T = TypeParam;
+  const T inf = std::numeric_limits<T>::infinity();
+  const std::vector<T> original{T(1024), T(-2048), inf};
+  for (const on_nonfinite setting : {on_nonfinite::skip, on_nonfinite::propagate}) {
+    std::vector<T> g = original;
+    const clip_result r = scaler_with(65536.0).unscale(g, {setting});
+    EXPECT_FALSE(r.finite);
+    EXPECT_FALSE(r.clipped);
+    EXPECT_EQ(r.coefficient, 1.0);
+    EXPECT_EQ(static_cast<double>(g[0]), 1.0 / 64);
+    EXPECT_EQ(static_cast<double>(g[1]), -1.0 / 32);
+    EXPECT_EQ(static_cast<double>(g[2]), std::numeric_limits<double>::infinity());
+  }
+  std::vector<T> g = original;
+  EXPECT_THROW((void)scaler_with(65536.0).unscale(g, {on_nonfinite::error}), gradclip::nonfinite_error);
+  EXPECT_TRUE(same_bits(g, original));
 }
 
 TYPED_TEST(LossScalerTyped, SingleGradientsAndGroupsAgree) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradclip/controller.hpp>
+#include <gradclip/detail/config.hpp>
 #include <gradclip/detail/pipeline.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/grad_view.hpp>
@@ -22,6 +23,7 @@
 #include <type_traits>
 
 namespace gradclip {
+inline namespace GRADCLIP_ABI {
 
 /// How the loss scale S moves: PyTorch GradScaler's parameters and defaults.
 struct loss_scaler_config {
@@ -148,17 +150,20 @@ class loss_scaler {
   }
 
   /// Unscales in place, g <- g / S, in the same two passes (the read pass detects non-finite values and
-  /// gives `result.norm` = ||g / S||); never clips. Each element is x / S correctly rounded to its type,
-  /// subnormal results included.
+  /// gives `result.norm` = ||g / S||); never clips: `clipped` is false and `coefficient` 1 on every input.
+  /// Each element is x / S correctly rounded to its type, subnormal results included. Non-finite
+  /// gradients are unscaled too (NaN and Inf elements stay what they are) and reported with `finite =
+  /// false`, under skip as under propagate, as PyTorch's unscale_ does; with on_nonfinite::error the call
+  /// throws nonfinite_error before writing.
   template <class Policy = robust, class Grads>
   clip_result unscale(Grads&& grads, const options& opt = {}) const {
-    return unscale_and_clip_impl<Policy>("gradclip::loss_scaler::unscale", grads, never_clips, opt);
+    return unscale_impl<Policy>("gradclip::loss_scaler::unscale", grads, opt);
   }
 
   /// The same for a braced list of gradients of any element types.
   template <class Policy = robust>
   clip_result unscale(std::initializer_list<grad_view> grads, const options& opt = {}) const {
-    return unscale_and_clip_impl<Policy>("gradclip::loss_scaler::unscale", grads, never_clips, opt);
+    return unscale_impl<Policy>("gradclip::loss_scaler::unscale", grads, opt);
   }
 
   /// Moves S after a step: times backoff_factor (and the count of finite steps reset) when !step.finite,
@@ -231,27 +236,55 @@ class loss_scaler {
   template <class Policy, class Grads, class Source>
   clip_result unscale_and_clip_impl(const char* function, Grads& grads, const Source& source,
                                     const options& opt) const {
+    return on_group(grads, [&](auto& group) {
+      return detail::run_pipeline(function, source, opt, unscaled_norm<Policy>(group, opt),
+                                  [&](const detail::clip_plan& plan) {
+                                    if (!plan.result.finite && opt.nonfinite == on_nonfinite::skip) return;
+                                    if (plan.result.clipped)
+                                      detail::apply<Policy>(group, plan.coefficient / detail::scaled::of(scale_), opt);
+                                    else
+                                      divide(group, opt);
+                                  });
+    });
+  }
+
+  // The same pipeline with no threshold: every element is unscaled, whatever the norm (error aside, which
+  // throws before writing).
+  template <class Policy, class Grads>
+  clip_result unscale_impl(const char* function, Grads& grads, const options& opt) const {
+    return on_group(grads, [&](auto& group) {
+      const clip_result r = detail::run_pipeline(function, never_clips, opt, unscaled_norm<Policy>(group, opt),
+                                                 [&](const detail::clip_plan&) { divide(group, opt); });
+      return clip_result{r.norm, 1.0, false, r.finite, r.threshold};
+    });
+  }
+
+  // Calls f(group): the gradients themselves, or one gradient as a group of one.
+  template <class Grads, class F>
+  static clip_result on_group(Grads& grads, F&& f) {
     using group = std::remove_cv_t<Grads>;
     static_assert(detail::is_gradient_v<group> || detail::is_gradient_range_v<group&>,
                   "The loss scaler takes one gradient or a range (std::vector, std::array, ...) of gradients.");
     if constexpr (detail::is_gradient_v<group>) {
       detail::single<Grads> one{&grads};
-      return unscale_and_clip_impl<Policy>(function, one, source, opt);
+      return f(one);
     } else {
-      const double s = scale_;
-      const auto reduced = [&] { return detail::unscaled(detail::reduce<Policy>(grads, opt), s); };
-      const auto write = [&](const detail::clip_plan& plan) {
-        if (!plan.result.finite && opt.nonfinite == on_nonfinite::skip) return;
-        if (plan.result.clipped) {
-          detail::apply<Policy>(grads, plan.coefficient / detail::scaled::of(s), opt);
-        } else if (s != 1.0) {
-          // x / S in one FP64 division: correctly rounded to every element type, subnormals included.
-          detail::for_each_run_in_place(grads, opt,
-                                        [&](auto* p, std::size_t n) { detail::divide(detail::best_isa(), p, n, s); });
-        }
-      };
-      return detail::run_pipeline(function, source, opt, reduced, write);
+      return f(grads);
     }
+  }
+
+  template <class Policy, class Group>
+  auto unscaled_norm(const Group& group, const options& opt) const {
+    return [&group, &opt, s = scale_] { return detail::unscaled(detail::reduce<Policy>(group, opt), s); };
+  }
+
+  // x / S in one FP64 division: correctly rounded to every element type, subnormals included.
+  template <class Group>
+  void divide(Group& group, const options& opt) const {
+    if (scale_ == 1.0) return;
+    const double s = scale_;
+    detail::for_each_run_in_place(group, opt,
+                                  [s](auto* p, std::size_t n) { detail::divide(detail::best_isa(), p, n, s); });
   }
 
   double scale_ = 65536.0;
@@ -261,4 +294,5 @@ class loss_scaler {
   int growth_tracker_ = 0;
 };
 
+}  // namespace GRADCLIP_ABI
 }  // namespace gradclip
