@@ -130,10 +130,7 @@ void run_pieces(const std::vector<View>& pieces, unsigned threads, const executo
   const std::function<void(unsigned)> job = [&](unsigned k) {
     for (std::size_t i = bounds[k]; i < bounds[k + 1]; ++i) task(i);
   };
-  if (pool != nullptr)
-    pool->run(threads, job);
-  else
-    thread_pool::shared().run(threads, job);
+  run_jobs(pool, threads, job);
 }
 
 /// The group's partial norm of kind options::norm, merged in partition order.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
+#include <gradclip/options.hpp>
 
 #include <algorithm>
 #include <condition_variable>
@@ -102,6 +103,15 @@ class thread_pool {
   std::size_t generation_ = 0;
   bool stopping_ = false;
 };
+
+/// Runs job(k) for every k in [0, count) on `pool` (options::pool), or on gradclip's own pool when it is
+/// null, and returns when all have run.
+inline void run_jobs(const executor* pool, unsigned count, const std::function<void(unsigned)>& job) {
+  if (pool != nullptr)
+    pool->run(count, job);
+  else
+    thread_pool::shared().run(count, job);
+}
 
 }  // namespace detail
 }  // namespace GRADCLIP_ABI

@@ -1,0 +1,62 @@
+// Per-tensor reports: what one clipping call saw in each gradient of its group, from the same read pass
+// that computes the norm (options::report).
+#pragma once
+
+#include <gradclip/detail/config.hpp>
+
+#include <cstddef>
+#include <vector>
+
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+
+/// One gradient as the call read it, before anything was written.
+struct tensor_stats {
+  double norm = 0.0;            ///< options::norm of this gradient (+inf beyond double's range; NaN or +inf if not finite)
+  double max_abs = 0.0;         ///< max |x| (NaN when an element is NaN)
+  std::size_t size = 0;         ///< elements
+  std::size_t nan = 0;          ///< NaN elements
+  std::size_t inf = 0;          ///< +-inf elements
+  std::size_t zeros = 0;        ///< +-0 elements
+  std::size_t subnormals = 0;   ///< subnormal elements, in the gradient's own type (FP16: below 6.1e-5)
+
+  bool finite() const noexcept { return nan == 0 && inf == 0; }
+  /// (zeros + subnormals) / size, the underflow signal of a loss scale that is too low; 0 when empty.
+  double underflow_fraction() const noexcept {
+    return size == 0 ? 0.0 : static_cast<double>(zeros + subnormals) / static_cast<double>(size);
+  }
+};
+
+/// One tensor_stats per gradient of a call's group, in the group's order. Reusable: a call that fills it
+/// resizes it, so steady-state steps allocate nothing; a call that throws leaves it as it was.
+///
+///     gradclip::tensor_report report;
+///     gradclip::options opt;
+///     opt.report = &report;
+///     auto r = gradclip::clip_by_global_norm(grads, 1.0, opt);
+///     for (std::size_t i = 0; i < report.size(); ++i) log(i, report[i].norm, report[i].nan);
+class tensor_report {
+ public:
+  std::size_t size() const noexcept { return tensors_.size(); }
+  bool empty() const noexcept { return tensors_.empty(); }
+  const tensor_stats& operator[](std::size_t i) const noexcept { return tensors_[i]; }
+  std::vector<tensor_stats>::const_iterator begin() const noexcept { return tensors_.begin(); }
+  std::vector<tensor_stats>::const_iterator end() const noexcept { return tensors_.end(); }
+
+  /// The index of the first gradient holding a NaN or an Inf, or size() when there is none.
+  std::size_t first_nonfinite() const noexcept {
+    std::size_t i = 0;
+    while (i < tensors_.size() && tensors_[i].finite()) ++i;
+    return i;
+  }
+
+  /// Replaces the contents (what a call does once it has read every gradient and nothing can throw).
+  void assign(std::vector<tensor_stats>&& tensors) noexcept { tensors_.swap(tensors); }
+  void clear() noexcept { tensors_.clear(); }
+
+ private:
+  std::vector<tensor_stats> tensors_;
+};
+
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip
