@@ -225,10 +225,14 @@ TEST(AdaptiveClip, NonFiniteUnitsFollowTheOption) {
   Eigen::MatrixXd g(2, 2), w = Eigen::MatrixXd::Ones(2, 2);
   g << 10.0, 10.0, std::numeric_limits<double>::infinity(), 1.0;
   const Eigen::MatrixXd original = g;
-  auto result = gradclip::adaptive_clip(g, w, 0.1);
+  // skip is per unit, as clip_by_norm's is per call: the infinite row keeps its bits, the finite one clips.
+  Eigen::MatrixXd skipped = g;
+  auto result = gradclip::adaptive_clip(skipped, w, 0.1);
   EXPECT_FALSE(result.finite);
-  EXPECT_EQ(result.clipped, 0u);
-  EXPECT_TRUE(g == original);
+  EXPECT_EQ(result.clipped, 1u);
+  EXPECT_TRUE(skipped.row(1) == original.row(1));
+  EXPECT_NEAR(skipped(0, 0), 0.1, 1e-16);
+  // error: nothing is written, not even the finite row.
   EXPECT_THROW((void)gradclip::adaptive_clip(g, w, 0.1, 1e-3, on_nonfinite::error), gradclip::nonfinite_error);
   EXPECT_TRUE(g == original);
   // propagate is Optax's arithmetic: the infinite row is multiplied by max_norm / inf = 0.

@@ -19,8 +19,9 @@ namespace {
 
 using namespace gradclip_test;
 using gradclip::detail::isa;
+using gradclip::detail::portable;
 using gradclip::detail::scaled;
-namespace portable = gradclip::detail::portable;
+using gradclip::detail::with_isa;
 
 constexpr double u = 0x1p-53;  // double's unit roundoff
 
@@ -178,7 +179,7 @@ TEST(Fp64Kernels, MultiplyExactlyRoundsOnceEverywhere) {
       e -= step;
     }
     const double expected = static_cast<double>(exact);
-    const double got = portable::multiply_exactly(x, c);
+    const double got = gradclip::detail::multiply_exactly(x, c);
     ASSERT_EQ(got, expected) << "x = " << x << ", c = (" << c.mantissa << " + " << c.low << ") 2^" << c.exponent;
   }
 }
@@ -190,7 +191,9 @@ TEST(Fp64Kernels, CompensatedSquaresAreAccurateToDoubleDouble) {
   for (const std::size_t n : {1u, 17u, 1000u, 5000u, 100000u}) {
     const std::vector<double> g = spread(n, -20, 20, rng);
     std::size_t done = 0;
-    const auto s = gradclip::detail::compensated_squares<false>(gradclip::detail::best_isa(), g.data(), n, 0, 0, done);
+    const auto s = with_isa(gradclip::detail::best_isa(), [&](auto k) {
+      return decltype(k)::template compensated_squares<false>(g.data(), n, 0, 0, done);
+    });
     EXPECT_EQ(done, n);
     const quad exact = exact_norm(g) * exact_norm(g);
     const double lanes_terms = static_cast<double>(n) / 16 + 1;
@@ -217,12 +220,16 @@ TEST(Fp64Kernels, VectorCompensatedSquaresMatchPortableBitForBit) {
       std::vector<double> g = spread(n, -300, 300, rng);
       if (n > 3000) g[2500] = 1e300;  // out of range: the ranged sums stop before that block
       std::size_t done_vector = 0, done_portable = 0;
-      const auto v = gradclip::detail::compensated_squares<true>(target, g.data(), n, lo, hi, done_vector);
+      const auto v = with_isa(target, [&](auto k) {
+        return decltype(k)::template compensated_squares<true>(g.data(), n, lo, hi, done_vector);
+      });
       const auto p = portable::compensated_squares<true>(g.data(), n, lo, hi, done_portable);
       EXPECT_EQ(done_vector, done_portable) << "n = " << n;
       EXPECT_TRUE(same_double(v.hi, p.hi) && same_double(v.lo, p.lo)) << "n = " << n;
       if (n > 3000) g[2500] = 1.0;  // unranged sums take finite squares only (their NaN bits may differ)
-      const auto vf = gradclip::detail::compensated_squares<false>(target, g.data(), n, lo, hi, done_vector);
+      const auto vf = with_isa(target, [&](auto k) {
+        return decltype(k)::template compensated_squares<false>(g.data(), n, lo, hi, done_vector);
+      });
       const auto pf = portable::compensated_squares<false>(g.data(), n, lo, hi, done_portable);
       EXPECT_TRUE(same_double(vf.hi, pf.hi) && same_double(vf.lo, pf.lo)) << "n = " << n;
     }
@@ -238,7 +245,7 @@ TEST(Fp64Kernels, VectorMultiplyCompensatedMatchesPortableBitForBit) {
         const std::vector<double> g = spread(n, -1074 - exponent, 60, rng);
         const scaled c{1.0 + std::uniform_real_distribution<double>()(rng), exponent, 0x1.3p-54};
         auto vector = g, portable_result = g;
-        gradclip::detail::multiply_compensated(target, vector.data(), n, c);
+        with_isa(target, [&](auto k) { decltype(k)::multiply_compensated(vector.data(), n, c); });
         portable::multiply_compensated(portable_result.data(), n, c);
         EXPECT_TRUE(same_bits(vector, portable_result)) << "n = " << n << ", exponent " << exponent;
       }

@@ -24,6 +24,8 @@ using namespace gradclip_test;
 using gradclip::partial_norm;
 using gradclip::detail::isa;
 namespace pnorm = gradclip::detail::pnorm;
+using gradclip::detail::portable;
+using gradclip::detail::with_isa;
 
 constexpr double inf = std::numeric_limits<double>::infinity();
 constexpr std::size_t lengths[] = {0, 1, 3, 8, 15, 16, 17, 33, 255, 1023, 1024, 1025, 2047, 3001};
@@ -83,7 +85,9 @@ const std::vector<double> orders{0.5, 0.75, 1.0, 1.25, 1.5, 2.5, 3.0, 4.0, 7.0, 
 template <class T>
 partial_norm power_sum(const std::vector<T>& g, double p, int path) {
   if (path < 0 || p == 1.0 || std::isinf(p)) return gradclip::detail::power_sum_kernel(g.data(), g.size(), p);
-  return pnorm::general_kernel(g.data(), g.size(), p, static_cast<pnorm::general_path>(path));
+  return with_isa(gradclip::detail::best_isa(), [&](auto k) {
+    return pnorm::general_kernel<decltype(k)>(g.data(), g.size(), p, static_cast<pnorm::general_path>(path));
+  });
 }
 
 /// Every way of computing the partial norm of g: power_sum_kernel's choice, then each general path.
@@ -128,25 +132,27 @@ TYPED_TEST(PNormKernels, VectorLoopsMatchScalarBitForBit) {
         SCOPED_TRACE("isa " + std::to_string(static_cast<int>(target)) + " n " + std::to_string(n) + " offset " +
                      std::to_string(offset));
         const T* p = data.data() + offset;
-        EXPECT_EQ(bits_of(pnorm::sum_abs(target, p, n)), bits_of(pnorm::sum_abs(isa::portable, p, n)));
-        EXPECT_EQ(bits_of(pnorm::max_abs(target, p, n)), bits_of(pnorm::max_abs(isa::portable, p, n)));
+        const auto sum_abs = [&](auto k) { return decltype(k)::sum_abs(p, n); };
+        const auto max_abs = [&](auto k) { return pnorm::max_abs<decltype(k)>(p, n); };
+        EXPECT_EQ(bits_of(with_isa(target, sum_abs)), bits_of(sum_abs(portable{})));
+        EXPECT_EQ(bits_of(with_isa(target, max_abs)), bits_of(max_abs(portable{})));
         for (double order : {0.01, 0.5, 1.5, 3.0, 4.0, 7.3})
           for (bool tabled : {false, true}) {  // each instruction set builds its own tables
             const double scale_top = std::is_same_v<T, double> ? 0.75 : 1.5;
             pnorm::power_tables<T> tables, tables_ref;
             pnorm::power_run<T> run{order}, run_ref{order};
             if (tabled) {
-              tables.set_order(target, order);
-              tables_ref.set_order(isa::portable, order);
+              with_isa(target, [&](auto k) { tables.template set_order<decltype(k)>(order); });
+              tables_ref.template set_order<portable>(order);
               run.tables = &tables;
               run_ref.tables = &tables_ref;
             }
-            run.set_scale(target, scale_top);
-            run_ref.set_scale(isa::portable, scale_top);
+            with_isa(target, [&](auto k) { run.template set_scale<decltype(k)>(scale_top); });
+            run_ref.template set_scale<portable>(scale_top);
             const std::size_t m = std::min(n, gradclip::detail::block_size);
             double top = 0, top_ref = 0;
-            const double sum = run.block(target, p, m, top);
-            const double ref = run_ref.block(isa::portable, p, m, top_ref);
+            const double sum = with_isa(target, [&](auto k) { return run.template block<decltype(k)>(p, m, top); });
+            const double ref = run_ref.template block<portable>(p, m, top_ref);
             EXPECT_EQ(bits_of(sum), bits_of(ref)) << "p = " << order << " tables " << tabled;
             EXPECT_EQ(top, top_ref);
           }
@@ -164,23 +170,23 @@ TEST(PNormRawTables, MatchTableTermsForEveryMagnitude) {
     for (std::size_t k = 0; k < all.size(); ++k) all[k] = Eigen::numext::bit_cast<T>(static_cast<std::uint16_t>(k));
     for (double order : {0.01, 0.5, 1.5, 7.75}) {
       pnorm::power_tables<T> tables;
-      tables.set_order(isa::portable, order);
+      tables.template set_order<portable>(order);
       pnorm::power_run<T> run{order, &tables};
-      run.set_scale(isa::portable, 0.75);
+      run.template set_scale<portable>(0.75);
       for (std::size_t start = 0; start < all.size(); start += 1000) {
         const std::size_t m = std::min<std::size_t>(1000, all.size() - start);
         std::vector<T> block(all.begin() + static_cast<std::ptrdiff_t>(start),
                              all.begin() + static_cast<std::ptrdiff_t>(start + m));
         for (std::size_t i = 0; i < m; ++i) {
           double top = 0, top_ref = 0;
-          const double term = run.block(isa::portable, &block[i], 1, top);
-          const double ref = pnorm::table_block(isa::portable, &block[i], 1, tables, top_ref);
+          const double term = run.template block<portable>(&block[i], 1, top);
+          const double ref = portable::table_block<false, false>(&block[i], 1, tables, top_ref);
           ASSERT_EQ(bits_of(term), bits_of(ref)) << type_name<T>() << " p = " << order << " bits " << start + i;
         }
         for (std::size_t i = 0; i < m; i += 3) block[i] = -block[i];
         double top = 0, top_ref = 0;
-        const double sum = run.block(isa::portable, block.data(), m, top);
-        const double ref = pnorm::table_block(isa::portable, block.data(), m, tables, top_ref);
+        const double sum = run.template block<portable>(block.data(), m, top);
+        const double ref = portable::table_block<false, false>(block.data(), m, tables, top_ref);
         EXPECT_EQ(bits_of(sum), bits_of(ref)) << type_name<T>() << " p = " << order << " from " << start;
         EXPECT_EQ(top, top_ref);
       }

@@ -194,15 +194,16 @@ TEST(Parallel, EigenThreadPoolsRunTheSamePartition) {
 TEST(Parallel, SmallWorkStaysOnTheCallerAndLargeWorkIsShared) {
   unsigned used = 0;
   const std::vector<std::vector<float>> tiny{std::vector<float>(1000, 1.0f)};
-  EXPECT_TRUE(gradclip::detail::pieces_for_threads<gradclip::const_grad_view>(tiny, 8, used).empty());
+  using layout = gradclip::detail::whole_group<const std::vector<std::vector<float>>>;
+  EXPECT_TRUE(gradclip::detail::pieces_for_threads<true>(layout{tiny}, 8, used).empty());
   EXPECT_EQ(used, 1u);
   // Three pieces' worth: three threads at most, however many are offered; the pieces cover every element.
   const std::vector<std::vector<float>> three{std::vector<float>(3 * gradclip::detail::piece_elements)};
-  const auto pieces = gradclip::detail::pieces_for_threads<gradclip::const_grad_view>(three, 8, used);
+  const auto pieces = gradclip::detail::pieces_for_threads<true>(layout{three}, 8, used);
   EXPECT_EQ(used, 3u);
   ASSERT_EQ(pieces.size(), 3u);
   std::size_t covered = 0;
-  for (const auto& piece : pieces) covered += piece.size();
+  for (const auto& piece : pieces) covered += piece.bytes() / sizeof(float);
   EXPECT_EQ(covered, three[0].size());
 }
 

@@ -3,13 +3,14 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
-#include <gradclip/detail/pipeline.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/detail/strided_view.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
+#include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
+#include <gradclip/tensor_units.hpp>
 
 #include <Eigen/Core>
 
@@ -36,200 +37,60 @@ struct [[nodiscard]] adaptive_clip_result {
 
 namespace detail {
 
-/// A gradient cut into units: unit i is `unit_size` elements `element_stride` apart, starting
-/// `unit_stride * i` after `whole.data`; a single unit is `whole` itself (any strides).
-template <class T>
-struct unit_split {
-  strided_view<T> whole;
-  std::vector<std::ptrdiff_t> shape;
-  std::size_t units = 1;
-  std::size_t unit_size = 0;
-  std::ptrdiff_t unit_stride = 0;
-  std::ptrdiff_t element_stride = 1;
-
-  strided_view<T> unit(std::size_t i) const {
-    if (units == 1) return whole;
-    return {whole.data + static_cast<std::ptrdiff_t>(i) * unit_stride, unit_size, element_stride};
-  }
-};
-
-template <class G, class = void>
-struct is_eigen_tensor : std::false_type {};
-template <class G>
-struct is_eigen_tensor<G, std::void_t<decltype(G::NumIndices), decltype(std::declval<G&>().dimensions()),
-                                      decltype(std::declval<G&>().data())>> : std::true_type {};
-
-/// Optax's rule: a tensor with at most one dimension above 1 (a scalar or a vector) is one unit.
-inline bool is_vector_shape(const std::vector<std::ptrdiff_t>& shape) {
-  return std::count_if(shape.begin(), shape.end(), [](std::ptrdiff_t d) { return d > 1; }) <= 1;
-}
-
-/// Units along the first dimension: rows of a matrix, slices t(i, ...) of a tensor.
-template <class G>
-auto split_units(G& g) {
-  using raw = std::remove_cv_t<G>;
-  if constexpr (is_eigen_dense_v<raw>) {
-    static_assert(is_element_v<typename raw::Scalar>,
-                  "adaptive_clip takes Eigen objects of Eigen::half, Eigen::bfloat16, float or double.");
-    using T = std::remove_pointer_t<decltype(g.data())>;
-    unit_split<T> split;
-    split.whole = visit_gradient(g, [](auto view) { return view; });
-    split.shape = {static_cast<std::ptrdiff_t>(g.rows()), static_cast<std::ptrdiff_t>(g.cols())};
-    if (!is_vector_shape(split.shape)) {
-      split.units = static_cast<std::size_t>(g.rows());
-      split.unit_size = static_cast<std::size_t>(g.cols());
-      // A row runs along the outer dimension of a column-major object, the inner one of a row-major one.
-      split.unit_stride = raw::IsRowMajor ? g.outerStride() : g.innerStride();
-      split.element_stride = raw::IsRowMajor ? g.innerStride() : g.outerStride();
-    }
-    return split;
-  } else if constexpr (is_eigen_tensor<raw>::value) {
-    using T = std::remove_pointer_t<decltype(g.data())>;
-    static_assert(is_element_v<T>,
-                  "adaptive_clip takes Eigen tensors of Eigen::half, Eigen::bfloat16, float or double.");
-    unit_split<T> split;
-    const std::size_t size = static_cast<std::size_t>(g.size());
-    split.whole = {g.data(), size};
-    for (std::size_t d = 0; d < static_cast<std::size_t>(raw::NumIndices); ++d)
-      split.shape.push_back(static_cast<std::ptrdiff_t>(g.dimensions()[d]));
-    if (size != 0 && !is_vector_shape(split.shape)) {
-      const std::size_t first = static_cast<std::size_t>(split.shape[0]);
-      split.units = first;
-      split.unit_size = size / first;
-      // Column-major: the first index varies fastest, so t(i, ...) is strided; row-major: contiguous.
-      const bool row_major = static_cast<int>(raw::Layout) == static_cast<int>(Eigen::RowMajor);
-      split.unit_stride = row_major ? static_cast<std::ptrdiff_t>(split.unit_size) : 1;
-      split.element_stride = row_major ? 1 : static_cast<std::ptrdiff_t>(first);
-    }
-    return split;
-  } else {
-    static_assert(has_data_and_size<G>::value,
-                  "adaptive_clip takes Eigen tensors, tensor maps and dense objects of Eigen::half, "
-                  "Eigen::bfloat16, float or double, or a container with data() and size() (one unit).");
-    using T = std::remove_pointer_t<decltype(g.data())>;
-    unit_split<T> split;
-    split.whole = {g.data(), static_cast<std::size_t>(g.size())};
-    split.shape = {static_cast<std::ptrdiff_t>(g.size())};
-    return split;
-  }
-}
-
-inline std::string shape_string(const std::vector<std::ptrdiff_t>& shape) {
-  std::string s = "[";
-  for (std::size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
-  return s + "]";
-}
-
-// Optax's guard in the coefficient's denominator, max(||g_u||, 1e-6).
-inline constexpr double agc_div_eps = 1e-6;
-
-/// True when units interleave in memory (rows of a column-major object): visiting one unit at a time
-/// would touch a cache line per element, so their norms sweep all units column by column instead.
-template <class T>
-bool interleaved(const unit_split<T>& split) {
-  return split.units > 1 && split.element_stride != 1;
-}
-
-// Columns per chunk of the sweep: unit sums are totalled once per chunk, so each unit's sum of squares
-// rounds like a two-level sum (error ~ (32 + size / 32) * 2^-53 instead of size * 2^-53).
-inline constexpr std::size_t sweep_chunk = 32;
-
-/// The L2 norm of every unit as a partial_norm, as the robust policy computes it.
-template <class T>
-std::vector<partial_norm> unit_norms(const unit_split<T>& split, std::size_t units) {
-  std::vector<partial_norm> norms(units);
-  if (units == 0 || !interleaved(split)) {
-    for (std::size_t i = 0; i < units; ++i) norms[i] = reduce_piece<robust>(split.unit(i), 2.0);
-    return norms;
-  }
-  // FP64 squares of FP16/BF16/FP32 values neither overflow nor underflow; FP64 units whose maximum
-  // leaves [2^-450, 2^450] (or that hold an Inf or NaN) are recomputed by the robust kernel.
-  constexpr bool may_need_scaling = std::is_same_v<std::remove_const_t<T>, double>;
-  std::vector<double> total(units, 0.0), chunk(units), top(units, 0.0);
-  for (std::size_t k0 = 0; k0 < split.unit_size; k0 += sweep_chunk) {
-    std::fill(chunk.begin(), chunk.end(), 0.0);
-    for (std::size_t k = k0; k < std::min(split.unit_size, k0 + sweep_chunk); ++k) {
-      const T* column = split.whole.data + static_cast<std::ptrdiff_t>(k) * split.element_stride;
-      for (std::size_t i = 0; i < units; ++i) {
-        const double x = widen<double>(column[static_cast<std::ptrdiff_t>(i) * split.unit_stride]);
-        chunk[i] += x * x;
-        if constexpr (may_need_scaling) top[i] = std::abs(x) > top[i] ? std::abs(x) : top[i];
-      }
-    }
-    for (std::size_t i = 0; i < units; ++i) total[i] += chunk[i];
-  }
-  for (std::size_t i = 0; i < units; ++i) {
-    const bool in_range = top[i] == 0.0 || (top[i] >= 0x1p-450 && top[i] <= 0x1p450);
-    if (may_need_scaling && (!in_range || !std::isfinite(total[i])))
-      norms[i] = reduce_piece<robust>(split.unit(i), 2.0);
-    else
-      norms[i] = {0, total[i], static_cast<bool>(std::isfinite(total[i]))};
-  }
-  return norms;
-}
-
-/// Multiplies each unit that clips by its coefficient with the robust policy's scale kernel (strided
-/// units through a gathered buffer); units that do not clip are neither read nor written.
-template <class T>
-void apply_unit_factors(const unit_split<T>& split, const std::vector<std::pair<bool, scaled>>& plans) {
-  for (std::size_t i = 0; i < plans.size(); ++i)
-    if (plans[i].first)
-      split.unit(i).for_each_run([&](T* p, std::size_t n) { scale_run<robust>(p, n, plans[i].second); }, true);
-}
-
-inline void check_adaptive_clip_arguments(const char* function, double clipping, double eps, on_nonfinite nonfinite) {
+inline void check_adaptive_clip_arguments(const char* function, double clipping, double eps, const options& opt) {
   if (!(clipping >= 0) || !std::isfinite(clipping))
     throw std::invalid_argument(std::string(function) + ": clipping must be finite and >= 0");
   if (!(eps >= 0) || !std::isfinite(eps))
     throw std::invalid_argument(std::string(function) + ": eps must be finite and >= 0");
-  if (nonfinite != on_nonfinite::skip && nonfinite != on_nonfinite::error && nonfinite != on_nonfinite::propagate)
-    throw std::invalid_argument(std::string(function) + ": nonfinite is not an on_nonfinite value");
+  if (opt.epsilon != 0.0)
+    throw std::invalid_argument(std::string(function) +
+                                ": options::epsilon has no meaning here (the floor of the weights' norm is eps)");
 }
+
+/// AGC's source: unit u's threshold is clipping * max(||w_u||, eps), from the weights' part (unit
+/// `units + u` of the same reduction), and its plan Optax's rule (plan_relative).
+struct relative_to_weights {
+  std::size_t units;
+  double clipping, eps;
+
+  void check(const char*) const noexcept {}
+  template <class Parts>
+  clip_plan plan(const char* function, std::size_t u, const Parts& parts, const options& opt) const {
+    const partial_norm& w = parts[units + u];
+    if (!w.finite) {  // the threshold itself is NaN or Inf: Optax's arithmetic on it
+      const double w_norm = w.norm();
+      const double threshold = clipping * (std::isnan(w_norm) ? w_norm : std::max(w_norm, eps));
+      return plan_relative(function, parts[u], scaled{threshold, 0}, opt);
+    }
+    return plan_relative(function, parts[u], scaled::of(clipping) * std::max(w.norm_scaled(), scaled::of(eps)), opt);
+  }
+  void update(std::size_t, const clip_result&) const noexcept {}
+  std::string where(const char* function, std::size_t) const { return function; }
+};
 
 template <class T, class U>
 adaptive_clip_result adaptive_clip_units(const char* function, const unit_split<T>& grad, const unit_split<U>& weights,
-                                         double clipping, double eps, on_nonfinite nonfinite) {
+                                         double clipping, double eps, const options& opt) {
   static_assert(!std::is_const_v<T>, "Clipping modifies the gradient in place, so it cannot be const.");
+  check_adaptive_clip_arguments(function, clipping, eps, opt);
   if (grad.shape != weights.shape)
     throw std::invalid_argument(std::string(function) + ": the weights' shape " + shape_string(weights.shape) +
                                 " differs from the gradient's " + shape_string(grad.shape));
+  const auto read = consecutive_units(grad, weights);  // the gradient's units, then the weights'
+  const auto write = consecutive_units(grad);
+  const relative_to_weights source{write.units(), clipping, eps};
+  const auto plans = run_units(
+      function, write, source, opt, [&] { return reduce_units<robust>(read, opt); },
+      [&](const auto& unit_plans) { apply_units<robust>(write, unit_plans, opt); });
   adaptive_clip_result result;
-  result.units = grad.whole.size() == 0 ? 0 : grad.units;
-  // Every decision is taken before any gradient is written, so `skip` and `error` modify nothing.
-  std::vector<std::pair<bool, scaled>> plans(result.units, {false, scaled{1.0, 0}});
-  double first_nonfinite = 0.0;
-  const std::vector<partial_norm> grad_norms = unit_norms(grad, result.units);
-  const std::vector<partial_norm> weight_norms = unit_norms(weights, result.units);
-  for (std::size_t i = 0; i < result.units; ++i) {
-    const partial_norm& g = grad_norms[i];
-    const partial_norm& w = weight_norms[i];
-    if (g.finite && w.finite) {
-      const scaled g_norm = g.norm_scaled();
-      const scaled max_norm = scaled::of(clipping) * std::max(w.norm_scaled(), scaled::of(eps));
-      if (g_norm < max_norm) continue;  // Optax: where(g_norm < max_norm, g, clipped)
-      plans[i] = {true, max_norm / std::max(g_norm, scaled::of(agc_div_eps))};
-      continue;
-    }
-    if (result.finite) first_nonfinite = g.finite ? w.norm() : g.norm();
-    result.finite = false;
-    // Optax's arithmetic as is, NaN and inf included (max and maximum both propagate NaN).
-    const double g_norm = g.norm(), w_norm = w.norm();
-    const double max_norm = clipping * (std::isnan(w_norm) ? w_norm : std::max(w_norm, eps));
-    if (g_norm < max_norm) continue;
-    const double denominator = std::isnan(g_norm) ? g_norm : std::max(g_norm, agc_div_eps);
-    plans[i] = {true, scaled{max_norm / denominator, 0}};
-  }
-  if (!result.finite) {
-    if (nonfinite == on_nonfinite::error) throw nonfinite_error(function, first_nonfinite);
-    if (nonfinite == on_nonfinite::skip) return result;
-  }
-  for (std::size_t i = 0; i < result.units; ++i) {
-    if (!plans[i].first) continue;
+  result.units = write.units();
+  for (const clip_plan& plan : plans) {
+    result.finite = result.finite && plan.result.finite;
+    if (!plan.result.clipped) continue;
     ++result.clipped;
-    const double value = plans[i].second.value();
+    const double value = plan.result.coefficient;
     if (!std::isnan(result.min_coefficient) && !(value >= result.min_coefficient)) result.min_coefficient = value;
   }
-  if (result.clipped != 0) apply_unit_factors(grad, plans);
   return result;
 }
 
@@ -266,10 +127,20 @@ adaptive_clip_result adaptive_clip_units(const char* function, const unit_split<
 template <class Grad, class Weights>
 adaptive_clip_result adaptive_clip(Grad&& grad, const Weights& weights, double clipping, double eps = 1e-3,
                                    on_nonfinite nonfinite = on_nonfinite::skip) {
-  constexpr const char* function = "gradclip::adaptive_clip";
-  detail::check_adaptive_clip_arguments(function, clipping, eps, nonfinite);
-  return detail::adaptive_clip_units(function, detail::split_units(grad), detail::split_units(weights), clipping, eps,
-                                     nonfinite);
+  return adaptive_clip(std::forward<Grad>(grad), weights, clipping, eps, options{nonfinite});
+}
+
+/// The same with options: opt.threads and opt.pool run the passes on threads (same bits for any count),
+/// opt.norm is the unit norm of both the gradient and the weights (Optax's is L2, the default),
+/// opt.nonfinite as above; opt.epsilon must be 0 (eps is the weights' floor).
+///
+///     auto r = gradclip::adaptive_clip(grad, weight, 0.01, 1e-3, {gradclip::on_nonfinite::skip, 0.0,
+///     gradclip::l2_norm, 4});
+template <class Grad, class Weights>
+adaptive_clip_result adaptive_clip(Grad&& grad, const Weights& weights, double clipping, double eps,
+                                   const options& opt) {
+  return detail::adaptive_clip_units("gradclip::adaptive_clip", detail::split_units(grad), detail::split_units(weights),
+                                     clipping, eps, opt);
 }
 
 }  // namespace GRADCLIP_ABI

@@ -2,11 +2,11 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
-#include <gradclip/detail/pipeline.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/norm.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
+#include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
 
 #include <cmath>

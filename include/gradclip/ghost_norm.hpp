@@ -148,8 +148,10 @@ ghost_form add_ghost_norms(std::vector<partial_norm>& parts, const Eigen::Matrix
     throw std::invalid_argument(std::string(function) + ": " + std::to_string(parts.size()) + " parts for " +
                                 std::to_string(s.examples) + " examples");
   if (steps == 1) {
-    const auto a = detail::unit_norms(detail::batch_of(inputs.derived()).split, s.examples);
-    const auto b = detail::unit_norms(detail::batch_of(output_grads.derived()).split, s.examples);
+    const auto a =
+        detail::reduce_units<robust>(detail::consecutive_units(detail::batch_of(inputs.derived()).split), {});
+    const auto b =
+        detail::reduce_units<robust>(detail::consecutive_units(detail::batch_of(output_grads.derived()).split), {});
     for (std::size_t i = 0; i < s.examples; ++i) {
       parts[i].merge(detail::product_of_parts(a[i], b[i]));
       if (bias) parts[i].merge(b[i]);
@@ -202,9 +204,9 @@ void ghost_sum(const per_example_plan& plan, const Eigen::MatrixBase<In>& inputs
   constexpr const char* function = "gradclip::ghost_weighted_sum";
   const dense_shape s = check_dense_layer(function, inputs, output_grads, steps);
   const std::string where(function);
-  if (plan.factors.size() != s.examples || plan.included.size() != s.examples)
-    throw std::invalid_argument(where + ": the plan has " + std::to_string(plan.factors.size()) +
-                                " examples, the layer " + std::to_string(s.examples));
+  if (plan.size() != s.examples || plan.included.size() != s.examples)
+    throw std::invalid_argument(where + ": the plan has " + std::to_string(plan.size()) + " examples, the layer " +
+                                std::to_string(s.examples));
   if (static_cast<std::size_t>(weight_sum.rows()) != s.outputs ||
       static_cast<std::size_t>(weight_sum.cols()) != s.inputs)
     throw std::invalid_argument(
@@ -220,7 +222,7 @@ void ghost_sum(const per_example_plan& plan, const Eigen::MatrixBase<In>& inputs
   // A and f_i B_i in Acc, rows of left-out examples zero (they may hold NaN, which 0 * NaN would spread).
   matrix a = matrix::Zero(inputs.rows(), inputs.cols()), b = matrix::Zero(output_grads.rows(), output_grads.cols());
   const Eigen::Index t = static_cast<Eigen::Index>(steps);
-  with_weights<TOut>(plan.factors, plan.included, [&](const auto& w) {
+  with_weights<TOut>(plan_factors::of(plan), plan.included, [&](const auto& w) {
     for (std::size_t i = 0; i < s.examples; ++i) {
       if (!plan.included[i]) continue;
       const Eigen::Index first = static_cast<Eigen::Index>(i) * t;

@@ -2,9 +2,9 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
-#include <gradclip/detail/pipeline.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
+#include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
 
 #include <cstddef>
@@ -38,24 +38,39 @@ struct group_clip_result {
 ///
 ///     auto results = gradclip::clip_by_group_norms({{"embeddings", {embedding_grad}, 10.0},
 ///                                                   {"rest", {w1, b1, w2, b2}, 1.0}});
+namespace detail {
+
+/// Each named group one unit.
+struct group_units {
+  const std::vector<param_group>& groups;
+
+  std::size_t units() const noexcept { return groups.size(); }
+  template <class F>
+  void for_each_piece(F&& f) const {
+    std::size_t k = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g)
+      for (const grad_view& view : groups[g].grads)
+        view.visit([&](const auto& typed) { cut_into_pieces(typed, g, k++, f); });
+  }
+};
+
+}  // namespace detail
+
 template <class Policy = robust>
 std::vector<group_clip_result> clip_by_group_norms(const std::vector<param_group>& groups, const options& opt = {}) {
-  const auto where = [](const param_group& group) {
-    return "gradclip::clip_by_group_norms: group \"" + group.name + "\"";
-  };
-  for (const auto& group : groups) detail::check_clip_arguments(where(group).c_str(), group.max_norm, opt);
-  // Every norm and decision first: with on_nonfinite::error nothing is modified when one group throws.
-  std::vector<detail::clip_plan> plans;
-  plans.reserve(groups.size());
-  for (const auto& group : groups)
-    plans.push_back(
-        detail::plan_clip(where(group).c_str(), detail::reduce<Policy>(group.grads, opt), group.max_norm, opt));
+  constexpr const char* function = "gradclip::clip_by_group_norms";
+  const detail::group_units layout{groups};
+  std::vector<double> max_norms;
+  max_norms.reserve(groups.size());
+  for (const auto& group : groups) max_norms.push_back(group.max_norm);
+  const auto where = [&](std::size_t g) { return "group \"" + groups[g].name + "\""; };
+  const detail::unit_thresholds<decltype(where)> source{max_norms.data(), max_norms.size(), where};
+  const auto plans = detail::run_units(
+      function, layout, source, opt, [&] { return detail::reduce_units<Policy>(layout, opt); },
+      [&](const auto& unit_plans) { detail::apply_units<Policy>(layout, unit_plans, opt); });
   std::vector<group_clip_result> results;
   results.reserve(groups.size());
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    if (plans[i].result.clipped) detail::apply<Policy>(groups[i].grads, plans[i].coefficient, opt);
-    results.push_back({groups[i].name, plans[i].result});
-  }
+  for (std::size_t g = 0; g < groups.size(); ++g) results.push_back({groups[g].name, plans[g].result});
   return results;
 }
 

@@ -4,11 +4,11 @@
 
 #include <gradclip/controller.hpp>
 #include <gradclip/detail/config.hpp>
-#include <gradclip/detail/pipeline.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
+#include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
 
 #include <algorithm>
@@ -237,14 +237,17 @@ class loss_scaler {
   clip_result unscale_and_clip_impl(const char* function, Grads& grads, const Source& source,
                                     const options& opt) const {
     return on_group(grads, [&](auto& group) {
-      return detail::run_pipeline(function, source, opt, unscaled_norm<Policy>(group, opt),
-                                  [&](const detail::clip_plan& plan) {
-                                    if (!plan.result.finite && opt.nonfinite == on_nonfinite::skip) return;
-                                    if (plan.result.clipped)
-                                      detail::apply<Policy>(group, plan.coefficient / detail::scaled::of(scale_), opt);
-                                    else
-                                      divide(group, opt);
-                                  });
+      const detail::whole_group<std::remove_reference_t<decltype(group)>> layout{group};
+      return detail::run_units(function, layout, source, opt, unscaled_norm<Policy>(group, opt),
+                               [&](const auto& plans) {
+                                 if (plans[0].result.skip) return;  // a controller's skip: still scaled
+                                 if (!plans[0].result.finite && opt.nonfinite == on_nonfinite::skip) return;
+                                 if (!plans[0].result.clipped) return divide(layout, opt);
+                                 auto unscaling = plans;  // the clip factor and 1 / S, applied together
+                                 unscaling[0].coefficient = plans[0].coefficient / detail::scaled::of(scale_);
+                                 detail::apply_units<Policy>(layout, unscaling, opt);
+                               })[0]
+          .result;
     });
   }
 
@@ -253,8 +256,10 @@ class loss_scaler {
   template <class Policy, class Grads>
   clip_result unscale_impl(const char* function, Grads& grads, const options& opt) const {
     return on_group(grads, [&](auto& group) {
-      const clip_result r = detail::run_pipeline(function, never_clips, opt, unscaled_norm<Policy>(group, opt),
-                                                 [&](const detail::clip_plan&) { divide(group, opt); });
+      const detail::whole_group<std::remove_reference_t<decltype(group)>> layout{group};
+      const clip_result r = detail::run_units(function, layout, never_clips, opt, unscaled_norm<Policy>(group, opt),
+                                              [&](const auto&) { divide(layout, opt); })[0]
+                                .result;
       return clip_result{r.norm, 1.0, false, r.finite, r.threshold};
     });
   }
@@ -275,16 +280,22 @@ class loss_scaler {
 
   template <class Policy, class Group>
   auto unscaled_norm(const Group& group, const options& opt) const {
-    return [&group, &opt, s = scale_] { return detail::unscaled(detail::reduce<Policy>(group, opt), s); };
+    return [&group, &opt, s = scale_] {
+      return detail::unit_parts<true>(detail::unscaled(detail::reduce<Policy>(group, opt), s));
+    };
   }
 
   // x / S in one FP64 division: correctly rounded to every element type, subnormals included.
-  template <class Group>
-  void divide(Group& group, const options& opt) const {
+  template <class Layout>
+  void divide(const Layout& layout, const options& opt) const {
     if (scale_ == 1.0) return;
-    const double s = scale_;
-    detail::for_each_run_in_place(group, opt,
-                                  [s](auto* p, std::size_t n) { detail::divide(detail::best_isa(), p, n, s); });
+    detail::write_pieces(layout, opt, [s = scale_](const auto& piece) {
+      piece.view.for_each_run(
+          [&](auto* p, std::size_t n) {
+            detail::with_isa(detail::best_isa(), [&](auto k) { decltype(k)::divide(p, n, s); });
+          },
+          true);
+    });
   }
 
   double scale_ = 65536.0;

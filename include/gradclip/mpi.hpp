@@ -4,9 +4,9 @@
 
 #include <gradclip/controller.hpp>
 #include <gradclip/detail/config.hpp>
-#include <gradclip/detail/pipeline.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
+#include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
 
 #include <mpi.h>
@@ -216,8 +216,8 @@ struct agreed_controller {
   MPI_Comm own;
 
   void check(const char*) const noexcept {}
-  threshold_decision decide(double norm) const {
-    const threshold_decision d = controller.decide(norm);
+  threshold_decision decide(std::size_t, const partial_norm& part) const {
+    const threshold_decision d = controller.decide(part.norm());
     const std::uint64_t skip = d.skip ? 1u : 0u;
     const std::array<std::uint64_t, 4> words{bits_of(d.threshold), ~bits_of(d.threshold), skip, ~skip};
     std::array<std::uint64_t, 4> agreed{};
@@ -229,8 +229,9 @@ struct agreed_controller {
           "must be the same on every rank");
     return d;
   }
-  double fallback_threshold() const { return controller.fallback_threshold(); }
-  void update(const clip_result& step) const { controller.update(step); }
+  double fallback_threshold(std::size_t) const { return controller.fallback_threshold(); }
+  void update(std::size_t, const clip_result& step) const { controller.update(step); }
+  std::string where(const char* function, std::size_t) const { return function; }
 };
 
 }  // namespace detail

@@ -2,15 +2,14 @@
 // norm C over all tensors (or per tensor), and the clipped gradients summed over the batch.
 #pragma once
 
-#include <gradclip/adaptive_clip.hpp>  // unit_split, split_units, unit_norms: a batch is cut into examples as AGC cuts units
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
-#include <gradclip/detail/pipeline.hpp>
-#include <gradclip/detail/reduce.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
+#include <gradclip/pipeline.hpp>
+#include <gradclip/tensor_units.hpp>
 
 #include <Eigen/Core>
 
@@ -39,16 +38,25 @@ struct [[nodiscard]] per_example_result {
   std::size_t unclipped() const noexcept { return examples - clipped - nonfinite; }
 };
 
+namespace detail {
+struct plan_factors;
+}  // namespace detail
+
 /// Each example's factor f_i and whether it enters the sums; made from per-example norms, applied by
 /// accumulate_per_example and ghost_weighted_sum.
 struct per_example_plan {
   per_example_result result;
-  std::vector<detail::scaled> factors;  ///< f_i as mantissa * 2^exponent, exact where f_i itself would underflow
   std::vector<unsigned char> included;  ///< 0: a non-finite example left out of the sums (on_nonfinite::skip)
   std::vector<unsigned char> clipped;   ///< 1: a finite example whose norm exceeded the bound
   std::vector<unsigned char> finite;    ///< 0: an example whose norm was NaN or Inf
 
-  double coefficient(std::size_t i) const noexcept { return factors[i].value(); }
+  /// f_i (0 where it underflows double; the sums use it unrounded, as mantissa and power of two).
+  double coefficient(std::size_t i) const noexcept { return factors_[i].value(); }
+  std::size_t size() const noexcept { return factors_.size(); }
+
+ private:
+  friend struct detail::plan_factors;
+  std::vector<detail::scaled> factors_;
 };
 
 namespace detail {
@@ -169,12 +177,25 @@ void check_sum_shape(const char* function, std::size_t k, const example_batch<T>
                                 "], so its elements would not line up");
 }
 
-/// The batch size shared by every per-example tensor; throws when they disagree.
+/// The batches of the per-example tensors, each built once: a vector for a range, a tuple for a tuple.
 template <class PerExample>
-std::size_t common_batch_size(const char* function, PerExample& per_example) {
+auto batches_of(PerExample& per_example) {
+  if constexpr (is_tuple_like<std::remove_cv_t<PerExample>>::value) {
+    return std::apply([](auto&... m) { return std::make_tuple(batch_of(member_object(m))...); }, per_example);
+  } else {
+    using batch = decltype(batch_of(member_object(*std::begin(per_example))));
+    std::vector<batch> batches;
+    for (auto& m : per_example) batches.push_back(batch_of(member_object(m)));
+    return batches;
+  }
+}
+
+/// The batch size shared by every per-example tensor; throws when they disagree.
+template <class Batches>
+std::size_t common_batch_size(const char* function, const Batches& batches) {
   std::size_t examples = 0;
-  for_each_member(per_example, [&](auto& g, std::size_t k) {
-    const std::size_t b = batch_of(g).examples();
+  for_each_member(batches, [&](const auto& batch, std::size_t k) {
+    const std::size_t b = batch.examples();
     if (k == 0) examples = b;
     if (b != examples)
       throw std::invalid_argument(std::string(function) + ": per_example[" + std::to_string(k) + "] has batch size " +
@@ -183,20 +204,36 @@ std::size_t common_batch_size(const char* function, PerExample& per_example) {
   return examples;
 }
 
-template <class PerExample, class Sums>
-std::size_t check_batch_and_sums(const char* function, PerExample& per_example, Sums& sums) {
-  const std::size_t examples = common_batch_size(function, per_example);
-  const std::size_t count = member_count(per_example);
+/// Checks that there is one sum per tensor, each shaped to receive its tensor's sum over the batch.
+template <class Batches, class Sums>
+void check_sums(const char* function, const Batches& batches, Sums& sums) {
+  const std::size_t count = member_count(batches);
   if (member_count(sums) != count)
     throw std::invalid_argument(std::string(function) + ": " + std::to_string(count) + " per-example tensors but " +
                                 std::to_string(member_count(sums)) + " sums");
-  for_each_member(per_example, [&](auto& g, std::size_t k) {
-    for_each_member(sums, [&](auto& s, std::size_t j) {
-      if (j == k) check_sum_shape(function, k, batch_of(g), s);
+  for_each_member(sums, [&](auto& sum, std::size_t k) {
+    for_each_member(batches, [&](const auto& batch, std::size_t j) {
+      if (j == k) check_sum_shape(function, k, batch, sum);
     });
   });
-  return examples;
 }
+
+/// The examples of every per-example tensor as units: example i of each tensor is unit i (flat
+/// clipping: one norm per example over all tensors) or, per layer, tensor k's example i is unit k B + i.
+template <class Batches>
+struct example_units {
+  const Batches& batches;
+  std::size_t examples;
+  bool per_layer;
+
+  std::size_t units() const noexcept { return per_layer ? examples * member_count(batches) : examples; }
+  template <class F>
+  void for_each_piece(F&& f) const {
+    for_each_member(batches, [&](const auto& batch, std::size_t k) {
+      batch.split.for_each_piece(per_layer ? k * examples : 0, k, f);
+    });
+  }
+};
 
 /// f_i * x with f_i a normal number of Compute (or 0 or NaN): one multiplication in Compute.
 template <class Compute>
@@ -213,57 +250,6 @@ struct split_weight {
   double first, mantissa, second;
   double operator()(double x) const noexcept { return x * first * mantissa * second; }
 };
-
-/// Adds f_i * g_i over the included examples of `batch` into acc (Acc per element of one example).
-template <class Acc, class Weight, class T>
-void accumulate_batch(const unit_split<T>& split, const std::vector<Weight>& w,
-                      const std::vector<unsigned char>& included, Acc* acc) {
-  if (!interleaved(split)) {
-    // Each example's elements follow each other (row-major batches): one axpy per example.
-    for (std::size_t i = 0; i < split.units; ++i) {
-      if (!included[i]) continue;
-      std::size_t k = 0;
-      split.unit(i).for_each_run([&](const auto* p, std::size_t m) {
-        for (std::size_t j = 0; j < m; ++j) acc[k + j] += static_cast<Acc>(w[i](p[j]));
-        k += m;
-      });
-    }
-    return;
-  }
-  // Examples interleave (column-major batches): each element is a dot product over the examples,
-  // which run contiguously; independent lanes let it vectorize.
-  constexpr std::size_t L = portable::lanes<Acc>;
-  const std::size_t examples = split.units;
-  for (std::size_t k = 0; k < split.unit_size; ++k) {
-    const T* column = split.whole.data + static_cast<std::ptrdiff_t>(k) * split.element_stride;
-    const auto term = [&](std::size_t i) {
-      const T& x = column[static_cast<std::ptrdiff_t>(i) * split.unit_stride];
-      return included[i] ? static_cast<Acc>(w[i](x)) : Acc(0);
-    };
-    Acc lane[L] = {};
-    std::size_t i = 0;
-    for (; i + L <= examples; i += L)
-      for (std::size_t j = 0; j < L; ++j) lane[j] += term(i + j);
-    for (std::size_t j = 0; i + j < examples; ++j) lane[j] += term(i + j);
-    acc[k] += portable::sum_lanes(lane);
-  }
-}
-
-/// Rounds the accumulated sum once into the output, in the output's storage order.
-template <class Acc, class S>
-void write_sum(S& sum, const std::vector<Acc>& acc) {
-  visit_gradient(sum, [&](const auto& view) {
-    using U = typename std::decay_t<decltype(view)>::element_type;
-    static_assert(!std::is_const_v<U>, "The sums are written, so they cannot be const.");
-    std::size_t k = 0;
-    view.for_each_run(
-        [&](U* p, std::size_t m) {
-          for (std::size_t j = 0; j < m; ++j) p[j] = narrow<U>(acc[k + j]);
-          k += m;
-        },
-        true);
-  });
-}
 
 /// Calls f(weights) with each example's f_i as a weight for elements of type T: FP32 products for 16-bit
 /// and FP32 elements when every factor is a normal float (the common case), else FP64; FP64 products for
@@ -303,80 +289,232 @@ void with_weights(const std::vector<scaled>& factors, const std::vector<unsigned
   f(w);
 }
 
-/// sum <- sum_i f_i g_i over one per-example tensor, accumulated in FP32 (FP64 for FP64 input).
-template <class G, class S>
-void accumulate_one(G& g, S& sum, const std::vector<scaled>& factors, const std::vector<unsigned char>& included) {
-  const auto batch = batch_of(g);
-  using T = std::remove_const_t<typename decltype(batch.split.whole)::element_type>;
-  using Acc = promoted_t<T>;
-  std::vector<Acc> acc(batch.split.unit_size, Acc(0));
-  with_weights<T>(factors, included, [&](const auto& w) { accumulate_batch(batch.split, w, included, acc.data()); });
+// Elements of the sum per job of the accumulation: a block of accumulators that stays in L1 cache while
+// every example adds to it.
+inline constexpr std::size_t sum_block = 4096;
+
+/// acc[j] += sum_i f_i g_i[j] over the included examples of one batch, for j in [j0, j1), examples in
+/// order: by the vector kernels where the weights are plain (column_dot when examples interleave,
+/// add_scaled when each example's elements follow each other), element by element otherwise.
+template <class Acc, class Weight, class T>
+void accumulate_block(const unit_split<T>& split, const std::vector<Weight>& w,
+                      const std::vector<unsigned char>& included, bool all_included, Acc* acc, std::size_t j0,
+                      std::size_t j1) {
+  constexpr bool plain = std::is_same_v<Weight, plain_weight<Acc>>;
+  const std::size_t examples = split.units;
+  if constexpr (plain) {
+    if (split.interleaved()) {
+      std::vector<Acc> factor(examples);
+      for (std::size_t i = 0; i < examples; ++i) factor[i] = w[i].value;
+      const T* base = split.whole.data + static_cast<std::ptrdiff_t>(j0) * split.element_stride;
+      with_isa(best_isa(), [&](auto k) {
+        if (all_included)
+          decltype(k)::template column_dot<Acc, false>(base, examples, j1 - j0, split.element_stride, factor.data(),
+                                                       included.data(), acc + j0);
+        else
+          decltype(k)::template column_dot<Acc, true>(base, examples, j1 - j0, split.element_stride, factor.data(),
+                                                      included.data(), acc + j0);
+      });
+      return;
+    }
+    if (split.element_stride == 1 || split.unit_size == 1) {
+      for (std::size_t i = 0; i < examples; ++i) {
+        if (!included[i]) continue;
+        const T* x = split.unit(i).data + j0;
+        with_isa(best_isa(), [&](auto k) { decltype(k)::add_scaled(acc + j0, x, j1 - j0, w[i].value); });
+      }
+      return;
+    }
+  }
+  // Element by element, in the vector kernels' order: lanes over the examples when they interleave, else
+  // each example's products added in turn.
+  if (split.interleaved()) {
+    constexpr std::size_t L = lanes<Acc>;
+    for (std::size_t j = j0; j < j1; ++j) {
+      const T* column = split.whole.data + static_cast<std::ptrdiff_t>(j) * split.element_stride;
+      Acc lane[L] = {};
+      for (std::size_t i = 0; i < examples; ++i)
+        if (included[i]) {
+          const Acc product = static_cast<Acc>(w[i](column[static_cast<std::ptrdiff_t>(i)]));
+          lane[i % L] += product;
+        }
+      acc[j] += sum_lanes(lane);
+    }
+    return;
+  }
+  for (std::size_t i = 0; i < examples; ++i) {
+    if (!included[i]) continue;
+    const strided_view<T> unit = split.unit(i);
+    for (std::size_t j = j0; j < j1; ++j) {
+      const Acc product = static_cast<Acc>(w[i](unit.data[static_cast<std::ptrdiff_t>(j) * unit.inner_stride]));
+      acc[j] += product;
+    }
+  }
+}
+
+/// Rounds the accumulated sum once into the output, in the output's storage order.
+template <class Acc, class S>
+void write_sum(S& sum, const std::vector<Acc>& acc) {
+  visit_gradient(sum, [&](const auto& view) {
+    using U = typename std::decay_t<decltype(view)>::element_type;
+    static_assert(!std::is_const_v<U>, "The sums are written, so they cannot be const.");
+    std::size_t k = 0;
+    view.for_each_run(
+        [&](U* p, std::size_t m) {
+          for (std::size_t j = 0; j < m; ++j) p[j] = narrow<U>(acc[k + j]);
+          k += m;
+        },
+        true);
+  });
+}
+
+/// sum <- sum_i f_i g_i over one per-example tensor, accumulated in FP32 (FP64 for FP64 input), in blocks
+/// of the sum on up to options::threads threads: each element's terms are added in example order, so
+/// the sum's bits do not depend on the thread count.
+template <class T, class S>
+void accumulate_one(const example_batch<T>& batch, S& sum, const std::vector<scaled>& factors,
+                    const std::vector<unsigned char>& included, const options& opt) {
+  using element = std::remove_const_t<T>;
+  using Acc = promoted_t<element>;
+  const unit_split<T>& split = batch.split;
+  std::vector<Acc> acc(split.unit_size, Acc(0));
+  bool all_included = true;
+  for (unsigned char keep : included) all_included = all_included && keep;
+  with_weights<element>(factors, included, [&](const auto& w) {
+    const std::size_t blocks = (split.unit_size + sum_block - 1) / sum_block;
+    const std::size_t bytes = split.whole.size() * sizeof(T);
+    const unsigned threads = static_cast<unsigned>(std::min<std::size_t>(
+        {std::max(1u, opt.threads), blocks, std::max<std::size_t>(1, bytes / parallel_grain_bytes)}));
+    const auto block_range = [&](std::size_t b0, std::size_t b1) {
+      for (std::size_t b = b0; b < b1; ++b)
+        accumulate_block(split, w, included, all_included, acc.data(), b * sum_block,
+                         std::min(split.unit_size, (b + 1) * sum_block));
+    };
+    if (threads <= 1 || split.units == 0) return block_range(0, blocks);
+    run_jobs(opt.pool, threads, [&](unsigned k) { block_range(blocks * k / threads, blocks * (k + 1) / threads); });
+  });
   write_sum(sum, acc);
 }
 
-/// One plan per tensor (per-layer mode) or the same plan for every tensor (flat mode).
-template <class PerExample, class Sums, class PlanOf>
-void accumulate_all(PerExample& per_example, Sums& sums, PlanOf&& plan_of, const std::vector<unsigned char>& included) {
-  for_each_member(per_example, [&](auto& g, std::size_t k) {
-    for_each_member(sums, [&](auto& s, std::size_t j) {
-      if (j == k) accumulate_one(g, s, plan_of(k).factors, included);
+/// The factors of a plan, which stay internal: mantissa and power of two.
+struct plan_factors {
+  static std::vector<scaled>& of(per_example_plan& plan) noexcept { return plan.factors_; }
+  static const std::vector<scaled>& of(const per_example_plan& plan) noexcept { return plan.factors_; }
+};
+
+/// Each tensor's sum over the examples: tensor k with the factors of units k B + i (per layer) or i.
+template <class Batches, class Sums>
+void accumulate_all(const Batches& batches, Sums& sums, const std::vector<scaled>& factors, bool per_layer,
+                    const std::vector<unsigned char>& included, const options& opt) {
+  const std::size_t examples = included.size();
+  for_each_member(sums, [&](auto& sum, std::size_t k) {
+    for_each_member(batches, [&](const auto& batch, std::size_t j) {
+      if (j != k) return;
+      if (!per_layer) return accumulate_one(batch, sum, factors, included, opt);
+      const auto first = factors.begin() + static_cast<std::ptrdiff_t>(k * examples);
+      accumulate_one(batch, sum, std::vector<scaled>(first, first + static_cast<std::ptrdiff_t>(examples)), included,
+                     opt);
     });
   });
 }
 
-inline void check_per_example_options(const char* function, double max_norm, const options& opt) {
-  check_clip_arguments(function, max_norm, opt);
+inline void check_per_example_options(const char* function, const options& opt) {
+  check_options(function, opt);
   if (opt.norm != l2_norm)
     throw std::invalid_argument(std::string(function) + ": per-example clipping takes the L2 norm only");
+}
+
+/// Turns the units' plans into the per-example plan: example i's factors (one per unit), whether it
+/// enters the sums (skip leaves out an example any of whose units is not finite), and the counts.
+template <class Plans>
+per_example_plan per_example_plan_of(const Plans& plans, std::size_t examples, const options& opt) {
+  per_example_plan plan;
+  plan.result.examples = examples;
+  plan.included.assign(examples, 1);
+  plan.clipped.assign(examples, 0);
+  plan.finite.assign(examples, 1);
+  std::vector<scaled>& factors = plan_factors::of(plan);
+  factors.reserve(plans.size());
+  for (std::size_t u = 0; u < plans.size(); ++u) {
+    const clip_result& r = plans[u].result;
+    factors.push_back(plans[u].coefficient);
+    const std::size_t i = examples == 0 ? 0 : u % examples;
+    plan.finite[i] = plan.finite[i] && r.finite;
+    plan.clipped[i] = plan.clipped[i] || (r.finite && r.clipped);
+  }
+  for (std::size_t i = 0; i < examples; ++i) {
+    if (!plan.finite[i]) {
+      plan.clipped[i] = 0;
+      ++plan.result.nonfinite;
+      if (opt.nonfinite == on_nonfinite::skip) plan.included[i] = 0;
+    }
+    plan.result.clipped += plan.clipped[i];
+  }
+  plan.result.finite = plan.result.nonfinite == 0;
+  return plan;
+}
+
+/// The whole of per-example clipping: check, norms, plans (one threshold per layer, `max_norms[k]`, or
+/// one for all), then the weighted sums; `norms` receives each unit's norm when given.
+template <class PerExample, class Sums>
+per_example_result clip_examples(const char* function, const PerExample& per_example, Sums& sums,
+                                 const std::vector<double>& max_norms, bool per_layer, const options& opt,
+                                 std::vector<double>* norms) {
+  check_per_example_options(function, opt);
+  const auto batches = batches_of(per_example);
+  const std::size_t examples = common_batch_size(function, batches);
+  check_sums(function, batches, sums);
+  const std::size_t layers = member_count(batches);
+  if (per_layer && max_norms.size() != layers)
+    throw std::invalid_argument(std::string(function) + ": " + std::to_string(max_norms.size()) + " max_norms for " +
+                                std::to_string(layers) + " tensors");
+  const example_units<decltype(batches)> layout{batches, examples, per_layer};
+  std::vector<double> thresholds(layout.units());
+  for (std::size_t u = 0; u < thresholds.size(); ++u) thresholds[u] = max_norms[per_layer ? u / examples : 0];
+  const auto where = [&](std::size_t u) {
+    const std::string example = "example " + std::to_string(u % examples);
+    return per_layer ? "per_example[" + std::to_string(u / examples) + "] " + example : example;
+  };
+  const unit_thresholds<decltype(where)> source{thresholds.data(), thresholds.size(), where};
+  std::vector<partial_norm> parts;
+  per_example_plan plan;
+  run_units(
+      function, layout, source, opt,
+      [&] {
+        auto reduced = reduce_units<robust>(layout, opt);
+        if (norms) {
+          norms->resize(reduced.size());
+          for (std::size_t u = 0; u < reduced.size(); ++u) (*norms)[u] = reduced[u].norm();
+        }
+        return reduced;
+      },
+      [&](const auto& plans) {
+        plan = per_example_plan_of(plans, examples, opt);
+        accumulate_all(batches, sums, plan_factors::of(plan), per_layer, plan.included, opt);
+      });
+  return plan.result;
 }
 
 }  // namespace detail
 
 /// Each example's sum of squares over every per-example tensor (first index = example), as partial
 /// norms that merge exactly: with ghost norms of other layers (add_ghost_norms), or across processes.
-/// Robust numerics: overflow-free for every finite input, FP16 and BF16 norms within 16 * 2^-24.
+/// Robust numerics: overflow-free for every finite input, FP16 and BF16 norms within 16 * 2^-24; on up
+/// to opt.threads threads, with the same bits for any count.
 ///
 ///     std::vector<gradclip::partial_norm> parts = gradclip::per_example_partial_norms(std::tie(dw, db));
 template <class PerExample>
-std::vector<partial_norm> per_example_partial_norms(const PerExample& per_example) {
-  const std::size_t examples = detail::common_batch_size("gradclip::per_example_partial_norms", per_example);
-  std::vector<partial_norm> parts(examples);
-  detail::for_each_member(per_example, [&](auto& g, std::size_t) {
-    const auto batch = detail::batch_of(g);
-    const std::vector<partial_norm> norms = detail::unit_norms(batch.split, examples);
-    for (std::size_t i = 0; i < examples; ++i) parts[i].merge(norms[i]);
-  });
-  return parts;
+std::vector<partial_norm> per_example_partial_norms(const PerExample& per_example, const options& opt = {}) {
+  constexpr const char* function = "gradclip::per_example_partial_norms";
+  detail::check_per_example_options(function, opt);
+  const auto batches = detail::batches_of(per_example);
+  const std::size_t examples = detail::common_batch_size(function, batches);
+  const detail::example_units<decltype(batches)> layout{batches, examples, false};
+  auto parts = detail::reduce_units<robust>(layout, opt);
+  std::vector<partial_norm> result(parts.size());
+  for (std::size_t i = 0; i < parts.size(); ++i) result[i] = parts[i];
+  return result;
 }
-
-namespace detail {
-
-inline per_example_plan plan_examples(const char* function, const std::vector<partial_norm>& parts, double max_norm,
-                                      const options& opt) {
-  check_per_example_options(function, max_norm, opt);
-  per_example_plan plan;
-  plan.result.examples = parts.size();
-  plan.factors.resize(parts.size());
-  plan.included.assign(parts.size(), 1);
-  plan.clipped.assign(parts.size(), 0);
-  plan.finite.assign(parts.size(), 1);
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    const clip_plan p = plan_clip(function, parts[i], max_norm, opt);  // throws for `error`
-    plan.factors[i] = p.coefficient;
-    if (parts[i].finite) {
-      plan.clipped[i] = p.result.clipped;
-      plan.result.clipped += p.result.clipped ? 1 : 0;
-      continue;
-    }
-    plan.finite[i] = 0;
-    ++plan.result.nonfinite;
-    plan.result.finite = false;
-    if (opt.nonfinite == on_nonfinite::skip) plan.included[i] = 0;
-  }
-  return plan;
-}
-
-}  // namespace detail
 
 /// Each example's factor from its norm n_i: f_i = max_norm / (n_i + epsilon) when n_i > max_norm, else 1,
 /// formed as clip_by_norm forms its coefficient. A non-finite n_i follows opt.nonfinite: skip leaves the
@@ -384,42 +522,28 @@ inline per_example_plan plan_examples(const char* function, const std::vector<pa
 /// arithmetic (f_i = 0 for an infinite norm, NaN for a NaN one). Throws std::invalid_argument for a
 /// negative or NaN max_norm, a bad epsilon, or a norm other than L2.
 inline per_example_plan plan_per_example(const std::vector<partial_norm>& parts, double max_norm, options opt = {}) {
-  return detail::plan_examples("gradclip::plan_per_example", parts, max_norm, opt);
+  constexpr const char* function = "gradclip::plan_per_example";
+  detail::check_per_example_options(function, opt);
+  const detail::fixed_threshold source{max_norm};
+  source.check(function);
+  return detail::per_example_plan_of(detail::decide_units<false>(function, parts.size(), parts, source, opt),
+                                     parts.size(), opt);
 }
 
 /// sums[k] <- sum_i f_i * per_example[k][i, ...] over the examples the plan includes, accumulated in FP32
 /// (FP64 for FP64 input) and rounded once to the sum's type. Shapes are checked before anything is written.
 template <class PerExample, class Sums>
-void accumulate_per_example(const PerExample& per_example, Sums&& sums, const per_example_plan& plan) {
+void accumulate_per_example(const PerExample& per_example, Sums&& sums, const per_example_plan& plan,
+                            const options& opt = {}) {
   constexpr const char* function = "gradclip::accumulate_per_example";
-  const std::size_t examples = detail::check_batch_and_sums(function, per_example, sums);
-  if (plan.factors.size() != examples || plan.included.size() != examples)
-    throw std::invalid_argument(std::string(function) + ": the plan has " + std::to_string(plan.factors.size()) +
+  const auto batches = detail::batches_of(per_example);
+  const std::size_t examples = detail::common_batch_size(function, batches);
+  detail::check_sums(function, batches, sums);
+  if (plan.size() != examples || plan.included.size() != examples)
+    throw std::invalid_argument(std::string(function) + ": the plan has " + std::to_string(plan.size()) +
                                 " examples, the batch " + std::to_string(examples));
-  detail::accumulate_all(
-      per_example, sums, [&](std::size_t) -> const per_example_plan& { return plan; }, plan.included);
+  detail::accumulate_all(batches, sums, detail::plan_factors::of(plan), false, plan.included, opt);
 }
-
-namespace detail {
-
-template <class PerExample, class Sums>
-per_example_result clip_per_example(const PerExample& per_example, Sums& sums, double max_norm, const options& opt,
-                                    std::vector<double>* norms) {
-  constexpr const char* function = "gradclip::clip_per_example";
-  check_per_example_options(function, max_norm, opt);
-  const std::size_t examples = check_batch_and_sums(function, per_example, sums);
-  const std::vector<partial_norm> parts = per_example_partial_norms(per_example);
-  const per_example_plan plan = plan_examples(function, parts, max_norm, opt);
-  if (norms) {
-    norms->resize(examples);
-    for (std::size_t i = 0; i < examples; ++i) (*norms)[i] = parts[i].norm();
-  }
-  accumulate_all(
-      per_example, sums, [&](std::size_t) -> const per_example_plan& { return plan; }, plan.included);
-  return plan.result;
-}
-
-}  // namespace detail
 
 /// DP-SGD's clip-and-accumulate (Opacus, flat clipping): n_i is example i's L2 norm over all tensors,
 /// f_i = max_norm / (n_i + epsilon) when n_i > max_norm (else 1), and sums[k] <- sum_i f_i g_i[k].
@@ -431,14 +555,14 @@ per_example_result clip_per_example(const PerExample& per_example, Sums& sums, d
 /// examples may sum into FP32 outputs. Sums accumulate in FP32 (FP64 for FP64 input), rounded once.
 /// Norms use the robust numerics (no overflow in 16-bit). Non-finite examples follow opt.nonfinite (see
 /// plan_per_example); with error nothing is written. Bad shapes or batch sizes, a bad max_norm or
-/// epsilon, or a norm other than L2 throw std::invalid_argument before anything is written. opt.threads
-/// is not used: the call runs on the caller's thread.
+/// epsilon, or a norm other than L2 throw std::invalid_argument before anything is written. Both passes
+/// (norms, then sums) run on up to opt.threads threads, with the same bits for any count.
 ///
 ///     auto r = gradclip::clip_per_example(std::tie(dw, db), std::tie(sum_w, sum_b), 1.0);
 ///     // dw: Eigen::Tensor<Eigen::half, 3> [B, out, in]; sum_w: Eigen::Tensor<float, 2> [out, in]
 template <class PerExample, class Sums>
 per_example_result clip_per_example(const PerExample& per_example, Sums&& sums, double max_norm, options opt = {}) {
-  return detail::clip_per_example(per_example, sums, max_norm, opt, nullptr);
+  return detail::clip_examples("gradclip::clip_per_example", per_example, sums, {max_norm}, false, opt, nullptr);
 }
 
 /// The same, writing each example's norm n_i to `norms` (resized to B; written only when nothing throws):
@@ -446,7 +570,11 @@ per_example_result clip_per_example(const PerExample& per_example, Sums&& sums, 
 template <class PerExample, class Sums>
 per_example_result clip_per_example(const PerExample& per_example, Sums&& sums, double max_norm, options opt,
                                     std::vector<double>& norms) {
-  return detail::clip_per_example(per_example, sums, max_norm, opt, &norms);
+  std::vector<double> computed;
+  const per_example_result r =
+      detail::clip_examples("gradclip::clip_per_example", per_example, sums, {max_norm}, false, opt, &computed);
+  norms.swap(computed);
+  return r;
 }
 
 /// Per-layer clipping (Opacus's per-layer mode): tensor k of each example is clipped on its own to
@@ -457,34 +585,8 @@ per_example_result clip_per_example(const PerExample& per_example, Sums&& sums, 
 template <class PerExample, class Sums>
 per_example_result clip_per_example_per_layer(const PerExample& per_example, Sums&& sums,
                                               const std::vector<double>& max_norms, options opt = {}) {
-  constexpr const char* function = "gradclip::clip_per_example_per_layer";
-  const std::size_t examples = detail::check_batch_and_sums(function, per_example, sums);
-  const std::size_t layers = detail::member_count(per_example);
-  if (max_norms.size() != layers)
-    throw std::invalid_argument(std::string(function) + ": " + std::to_string(max_norms.size()) + " max_norms for " +
-                                std::to_string(layers) + " tensors");
-  for (double c : max_norms) detail::check_per_example_options(function, c, opt);
-  std::vector<per_example_plan> plans;
-  detail::for_each_member(per_example, [&](auto& g, std::size_t k) {
-    plans.push_back(detail::plan_examples(function, per_example_partial_norms(std::tie(g)), max_norms[k], opt));
-  });
-  per_example_result result;
-  result.examples = examples;
-  std::vector<unsigned char> included(examples, 1);
-  for (std::size_t i = 0; i < examples; ++i) {
-    bool clipped = false, finite = true;
-    for (const auto& p : plans) {
-      finite = finite && p.finite[i];
-      clipped = clipped || p.clipped[i];
-    }
-    result.clipped += finite && clipped ? 1 : 0;
-    result.nonfinite += finite ? 0 : 1;
-    if (!finite && opt.nonfinite == on_nonfinite::skip) included[i] = 0;
-  }
-  result.finite = result.nonfinite == 0;
-  detail::accumulate_all(
-      per_example, sums, [&](std::size_t k) -> const per_example_plan& { return plans[k]; }, included);
-  return result;
+  return detail::clip_examples("gradclip::clip_per_example_per_layer", per_example, sums, max_norms, true, opt,
+                               nullptr);
 }
 
 /// One bound for an example's whole gradient, shared equally by its K tensors: each is clipped to

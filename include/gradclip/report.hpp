@@ -12,13 +12,13 @@ inline namespace GRADCLIP_ABI {
 
 /// One gradient as the call read it, before anything was written.
 struct tensor_stats {
-  double norm = 0.0;            ///< options::norm of this gradient (+inf beyond double's range; NaN or +inf if not finite)
-  double max_abs = 0.0;         ///< max |x| (NaN when an element is NaN)
-  std::size_t size = 0;         ///< elements
-  std::size_t nan = 0;          ///< NaN elements
-  std::size_t inf = 0;          ///< +-inf elements
-  std::size_t zeros = 0;        ///< +-0 elements
-  std::size_t subnormals = 0;   ///< subnormal elements, in the gradient's own type (FP16: below 6.1e-5)
+  double norm = 0.0;      ///< options::norm of this gradient (+inf beyond double's range; NaN or +inf if not finite)
+  double max_abs = 0.0;   ///< max |x| (NaN when an element is NaN)
+  std::size_t size = 0;   ///< elements
+  std::size_t nan = 0;    ///< NaN elements
+  std::size_t inf = 0;    ///< +-inf elements
+  std::size_t zeros = 0;  ///< +-0 elements
+  std::size_t subnormals = 0;  ///< subnormal elements, in the gradient's own type (FP16: below 6.1e-5)
 
   bool finite() const noexcept { return nan == 0 && inf == 0; }
   /// (zeros + subnormals) / size, the underflow signal of a loss scale that is too low; 0 when empty.

@@ -264,7 +264,7 @@ inline adaptive_clip_result adaptive_clip_(const torch::Tensor& parameter, doubl
   const torch::Tensor& grad = parameter.grad();
   detail::check_supported(function, grad, "the gradient");
   detail::check_supported(function, parameter, "the parameter");
-  gradclip::detail::check_adaptive_clip_arguments(function, clipping, eps, nonfinite);
+  gradclip::detail::check_adaptive_clip_arguments(function, clipping, eps, options{nonfinite});
   const torch::Tensor weights = parameter.detach().contiguous();
   const bool in_place = grad.is_contiguous();
   const torch::Tensor work = in_place ? grad : grad.contiguous();
@@ -273,7 +273,8 @@ inline adaptive_clip_result adaptive_clip_(const torch::Tensor& parameter, doubl
       using G = std::remove_pointer_t<decltype(g)>;
       using W = std::remove_pointer_t<decltype(w)>;
       return gradclip::detail::adaptive_clip_units(function, detail::torch_units<G>(work),
-                                                   detail::torch_units<const W>(weights), clipping, eps, nonfinite);
+                                                   detail::torch_units<const W>(weights), clipping, eps,
+                                                   options{nonfinite});
     });
   });
   if (!in_place && result.clipped != 0) {

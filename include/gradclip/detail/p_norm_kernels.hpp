@@ -4,6 +4,7 @@
 
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
+#include <gradclip/detail/numerics.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/detail/simd.hpp>
 #include <gradclip/partial_norm.hpp>
@@ -20,243 +21,30 @@ namespace gradclip {
 inline namespace GRADCLIP_ABI {
 namespace detail {
 
-// 64-bit integer lanes beside each instruction set's `f64`, for the table terms (p_norm_loops.inc):
-// bit fields of FP64 values as table indices, and gathers. Compiled for the same targets as simd.hpp's
-// regions, so that the loops there inline them.
-namespace scalar {
-struct i64 {
-  using vec = std::int64_t;
-  static vec set1(std::int64_t x) noexcept { return x; }
-  static vec of(double v) noexcept { return static_cast<vec>(f64::bits(v)); }
-  static double to_f64(vec v) noexcept { return f64::from_bits(static_cast<std::uint64_t>(v)); }
-  template <int N>
-  static vec shift_right(vec v) noexcept {  // of nonnegative values only
-    return v >> N;
-  }
-  template <int N>
-  static vec shift_left(vec v) noexcept {  // of small nonnegative values only
-    return v << N;
-  }
-  static vec add(vec a, vec b) noexcept { return a + b; }
-  static vec bit_and(vec a, vec b) noexcept { return a & b; }
-  static vec bit_or(vec a, vec b) noexcept { return a | b; }
-  static vec keep(bool m, vec v) noexcept { return m ? v : 0; }
-  static double gather(const double* base, vec i) noexcept { return base[i]; }
-};
-struct i16 {  // 16-bit magnitudes one at a time
-  using vec = std::uint16_t;
-  static constexpr std::size_t width = 1;
-  static vec zero() noexcept { return 0; }
-  static vec set1(std::uint16_t x) noexcept { return x; }
-  template <class T>
-  static vec load(const T* p) noexcept {
-    return Eigen::numext::bit_cast<std::uint16_t>(*p);
-  }
-  static vec magnitude(vec v) noexcept { return static_cast<vec>(v & 0x7fffu); }
-  static vec minus_one(vec v) noexcept { return static_cast<vec>(v - 1u); }  // 0 wraps to 0xffff
-  static vec max(vec a, vec b) noexcept { return std::max(a, b); }
-  static vec min(vec a, vec b) noexcept { return std::min(a, b); }
-  static std::uint16_t max_lane(vec v) noexcept { return v; }
-  static std::uint16_t min_lane(vec v) noexcept { return v; }
-};
-}  // namespace scalar
-
-#if GRADCLIP_X86_DISPATCH
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")
-#endif
-namespace avx2 {
-struct i64 {
-  using vec = __m256i;
-  static vec set1(std::int64_t x) noexcept { return _mm256_set1_epi64x(x); }
-  static vec of(__m256d v) noexcept { return _mm256_castpd_si256(v); }
-  static __m256d to_f64(vec v) noexcept { return _mm256_castsi256_pd(v); }
-  template <int N>
-  static vec shift_right(vec v) noexcept {
-    return _mm256_srli_epi64(v, N);
-  }
-  template <int N>
-  static vec shift_left(vec v) noexcept {
-    return _mm256_slli_epi64(v, N);
-  }
-  static vec add(vec a, vec b) noexcept { return _mm256_add_epi64(a, b); }
-  static vec bit_and(vec a, vec b) noexcept { return _mm256_and_si256(a, b); }
-  static vec bit_or(vec a, vec b) noexcept { return _mm256_or_si256(a, b); }
-  static vec keep(__m256d m, vec v) noexcept { return _mm256_and_si256(_mm256_castpd_si256(m), v); }
-  static __m256d gather(const double* base, vec i) noexcept { return _mm256_i64gather_pd(base, i, 8); }
-};
-struct i16 {  // unsigned 16-bit lanes
-  using vec = __m256i;
-  static constexpr std::size_t width = 16;
-  static vec zero() noexcept { return _mm256_setzero_si256(); }
-  static vec set1(std::uint16_t x) noexcept { return _mm256_set1_epi16(static_cast<short>(x)); }
-  static vec load(const void* p) noexcept { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-  static vec magnitude(vec v) noexcept { return _mm256_and_si256(v, _mm256_set1_epi16(0x7fff)); }
-  static vec minus_one(vec v) noexcept { return _mm256_sub_epi16(v, _mm256_set1_epi16(1)); }
-  static vec max(vec a, vec b) noexcept { return _mm256_max_epu16(a, b); }
-  static vec min(vec a, vec b) noexcept { return _mm256_min_epu16(a, b); }
-  static std::uint16_t max_lane(vec v) noexcept {
-    return reduce(v, [](auto a, auto b) { return std::max(a, b); });
-  }
-  static std::uint16_t min_lane(vec v) noexcept {
-    return reduce(v, [](auto a, auto b) { return std::min(a, b); });
-  }
-  template <class Op>
-  static std::uint16_t reduce(vec v, Op op) noexcept {
-    std::uint16_t lanes[width];
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), v);
-    std::uint16_t r = lanes[0];
-    for (std::uint16_t x : lanes) r = op(r, x);
-    return r;
-  }
-};
-}  // namespace avx2
-#if defined(__clang__)
-#pragma clang attribute pop
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c"))), \
-                             apply_to = function)
-#else
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")
-#endif
-namespace avx512 {
-struct i64 {
-  using vec = __m512i;
-  static vec set1(std::int64_t x) noexcept { return _mm512_set1_epi64(x); }
-  static vec of(__m512d v) noexcept { return _mm512_castpd_si512(v); }
-  static __m512d to_f64(vec v) noexcept { return _mm512_castsi512_pd(v); }
-  template <int N>  // the masked forms: see simd.hpp (GCC bug 105593)
-  static vec shift_right(vec v) noexcept {
-    return _mm512_maskz_srli_epi64(0xff, v, N);
-  }
-  template <int N>
-  static vec shift_left(vec v) noexcept {
-    return _mm512_maskz_slli_epi64(0xff, v, N);
-  }
-  static vec add(vec a, vec b) noexcept { return _mm512_add_epi64(a, b); }
-  static vec bit_and(vec a, vec b) noexcept { return _mm512_and_si512(a, b); }
-  static vec bit_or(vec a, vec b) noexcept { return _mm512_or_si512(a, b); }
-  static vec keep(__mmask8 m, vec v) noexcept { return _mm512_maskz_mov_epi64(m, v); }
-// Without optimization GCC's gather is a macro that passes the mask on as a plain char, which
-// -Wsign-conversion reports at the user's call site.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wsign-conversion"
-#endif
-  static __m512d gather(const double* base, vec i) noexcept {
-    return _mm512_mask_i64gather_pd(_mm512_setzero_pd(), 0xff, i, base, 8);
-  }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-};
-struct i16 {  // see avx2::i16
-  using vec = __m512i;
-  static constexpr std::size_t width = 32;
-  static vec zero() noexcept { return _mm512_setzero_si512(); }
-  static vec set1(std::uint16_t x) noexcept { return _mm512_set1_epi16(static_cast<short>(x)); }
-  static vec load(const void* p) noexcept { return _mm512_loadu_si512(p); }
-  static vec magnitude(vec v) noexcept { return _mm512_and_si512(v, _mm512_set1_epi16(0x7fff)); }
-  static vec minus_one(vec v) noexcept { return _mm512_sub_epi16(v, _mm512_set1_epi16(1)); }
-  static vec max(vec a, vec b) noexcept { return _mm512_max_epu16(a, b); }
-  static vec min(vec a, vec b) noexcept { return _mm512_min_epu16(a, b); }
-  static std::uint16_t max_lane(vec v) noexcept {
-    return avx2::i16::max_lane(_mm256_max_epu16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
-  }
-  static std::uint16_t min_lane(vec v) noexcept {
-    return avx2::i16::min_lane(_mm256_min_epu16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
-  }
-};
-}  // namespace avx512
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-#endif  // GRADCLIP_X86_DISPATCH
-
 namespace pnorm {
 
-// The vector loops of `target` (which must be supported), else the scalar ones (simd.hpp,
-// p_norm_loops.inc): the same sums bit for bit.
-#if GRADCLIP_X86_DISPATCH
-#define GRADCLIP_PNORM_DISPATCH(target, call)         \
-  do {                                                \
-    if ((target) == isa::avx512) return avx512::call; \
-    if ((target) == isa::avx2) return avx2::call;     \
-    return scalar::call;                              \
-  } while (false)
-#else
-#define GRADCLIP_PNORM_DISPATCH(target, call) return scalar::call
-#endif
-
-template <class T>
-inline double sum_abs([[maybe_unused]] isa target, const T* p, std::size_t n) noexcept {
-  GRADCLIP_PNORM_DISPATCH(target, sum_abs(p, n));
-}
-
 /// The largest magnitude, exact; NaN if an element is NaN.
-template <class T>
-inline double max_abs([[maybe_unused]] isa target, const T* p, std::size_t n) noexcept {
+template <class K, class T>
+inline double max_abs(const T* p, std::size_t n) noexcept {
   if constexpr (std::is_same_v<T, double>) {
-    GRADCLIP_PNORM_DISPATCH(target, max_abs(p, n));
+    return K::max_abs(p, n);
   } else {
     using bits_t = std::conditional_t<sizeof(T) == 2, std::uint16_t, std::uint32_t>;
-    const auto bits = [&]() -> bits_t { GRADCLIP_PNORM_DISPATCH(target, max_magnitude_bits<bits_t>(p, n)); }();
+    const bits_t bits = K::template max_magnitude_bits<bits_t>(p, n);
     return static_cast<double>(widen<float>(Eigen::numext::bit_cast<T>(bits)));
   }
 }
 
-template <power_kind Kind, class T>
-inline double power_block([[maybe_unused]] isa target, const T* b, std::size_t m, const power_scale& scale,
-                          double& top) noexcept {
-  GRADCLIP_PNORM_DISPATCH(target, power_block<Kind>(b, m, scale, top));
-}
-
-inline void power_map([[maybe_unused]] isa target, const double* in, double* out, std::size_t n,
-                      const power_scale& scale) noexcept {
-  GRADCLIP_PNORM_DISPATCH(target, power_map(in, out, n, scale));
-}
-
-#undef GRADCLIP_PNORM_DISPATCH
-
-template <class T>
-inline std::uint16_t magnitude_range([[maybe_unused]] isa target, const T* b, std::size_t m,
-                                     std::uint16_t& low) noexcept {
-#if GRADCLIP_X86_DISPATCH
-  if (target == isa::avx512) return avx512::magnitude_range<avx512::i16>(b, m, low);
-  if (target == isa::avx2) return avx2::magnitude_range<avx2::i16>(b, m, low);
-#endif
-  static_cast<void>(target);
-  return scalar::magnitude_range<scalar::i16>(b, m, low);
-}
-
-template <class Tables, class T>
-inline double table_block([[maybe_unused]] isa target, const T* b, std::size_t m, const Tables& tables,
-                          double& top) noexcept {
-  constexpr bool series = Tables::series, subnormals = std::is_same_v<T, double>;
-#if GRADCLIP_X86_DISPATCH
-  if (target == isa::avx512) return avx512::table_block<avx512::i64, series, subnormals>(b, m, tables, top);
-  if (target == isa::avx2) return avx2::table_block<avx2::i64, series, subnormals>(b, m, tables, top);
-#endif
-  static_cast<void>(target);
-  return scalar::table_block<scalar::i64, series, subnormals>(b, m, tables, top);
-}
-
 /// The part of a run that holds a NaN or Inf: NaN wins wherever it is.
-template <class T>
-inline partial_norm nonfinite_run([[maybe_unused]] isa target, const T* p, std::size_t n, double order) noexcept {
-  return partial_norm::nonfinite(max_abs(target, p, n), order);
+template <class K, class T>
+inline partial_norm nonfinite_run(const T* p, std::size_t n, double order) noexcept {
+  return partial_norm::nonfinite(max_abs<K>(p, n), order);
 }
 
 /// L-infinity: {e, m} with max |x| = m * 2^e.
-template <class T>
+template <class K, class T>
 inline partial_norm max_kernel(const T* p, std::size_t n) noexcept {
-  const double top = max_abs(best_isa(), p, n);
+  const double top = max_abs<K>(p, n);
   const double inf = std::numeric_limits<double>::infinity();
   if (!std::isfinite(top)) return partial_norm::nonfinite(top, inf);
   const scaled s = scaled::of(top);
@@ -276,24 +64,23 @@ inline void add_part(partial_norm& parts, const partial_norm& part) noexcept {
 /// blocks can overflow double (1024 values near 1.8e308); then the run is summed again block by block,
 /// the overflowing blocks scaled by 2^-64 (exact except for values below 2^-1010, negligible beside a
 /// sum above 2^1024).
-template <class T>
+template <class K, class T>
 inline partial_norm l1_kernel(const T* p, std::size_t n) noexcept {
-  const isa target = best_isa();
-  const double sum = sum_abs(target, p, n);
+  const double sum = K::sum_abs(p, n);
   if (std::isfinite(sum)) return {0, sum, true, 1.0};
   if (std::isnan(sum) || !std::is_same_v<T, double>) return partial_norm::nonfinite(sum, 1.0);
   partial_norm total{0, 0.0, true, 1.0};
   for (std::size_t start = 0; start < n; start += block_size) {
     const std::size_t m = std::min(block_size, n - start);
     const T* block = p + start;
-    const double top = max_abs(target, block, m);
-    if (!std::isfinite(top)) return nonfinite_run(target, p, n, 1.0);
+    const double top = max_abs<K>(block, m);
+    if (!std::isfinite(top)) return nonfinite_run<K>(p, n, 1.0);
     if (top < 0x1p1000) {
-      add_part(total, {0, sum_abs(target, block, m), true, 1.0});
+      add_part(total, {0, K::sum_abs(block, m), true, 1.0});
     } else {
       double scaled_block[block_size];
       for (std::size_t i = 0; i < m; ++i) scaled_block[i] = widen<double>(block[i]) * 0x1p-64;
-      add_part(total, {64, sum_abs(target, scaled_block, m), true, 1.0});
+      add_part(total, {64, K::sum_abs(scaled_block, m), true, 1.0});
     }
   }
   return total;
@@ -335,17 +122,19 @@ struct power_tables {
   const double* exponents() const noexcept { return exponent_entries + below; }
 
   /// The parts that depend on p alone.
-  void set_order([[maybe_unused]] isa target, double order) noexcept {
+  template <class K>
+  void set_order(double order) noexcept {
     constexpr int count = 1 << bits;
     for (int j = 0; j < count; ++j) powers[j] = 1.0 + j * (1.0 / count);
-    power_map(target, powers, powers, count, {order, 1.0, 1023.0});
+    K::power_map(powers, powers, count, {order, 1.0, 1023.0});
     double binomial = 1;
     for (int k = 1; k <= 6; ++k) coefficients[k - 1] = binomial *= (order - (k - 1)) / k;
   }
 
   /// The exponent entries at scale 2^E: only those whose terms can lie in [2^-1022, 2^960] are
   /// evaluated, lower ones are 0 and higher ones +Inf (the caller redoes such a block at its own scale).
-  void set_scale([[maybe_unused]] isa target, const power_scale& scale, int exponent) noexcept {
+  template <class K>
+  void set_scale(const power_scale& scale, int exponent) noexcept {
     double* e = exponent_entries + below;
     const double order = scale.order;
     const double lowest = std::max<double>(first_field, 1023.0 + exponent - 1022.0 / order - 1);
@@ -354,7 +143,7 @@ struct power_tables {
     std::fill(exponent_entries, e + lo, 0.0);
     for (int f = lo; f <= hi; ++f)  // 2^(f - 1023), subnormal for f <= 0
       e[f] = f64_from_bits(f > 0 ? std::uint64_t(f) << 52 : std::uint64_t{1} << (51 + f));
-    if (hi >= lo) power_map(target, e + lo, e + lo, static_cast<std::size_t>(hi - lo + 1), scale);
+    if (hi >= lo) K::power_map(e + lo, e + lo, static_cast<std::size_t>(hi - lo + 1), scale);
     std::fill(e + std::max(lo, hi + 1), e + 2047, std::numeric_limits<double>::infinity());
     if constexpr (!std::is_same_v<T, double>) e[0] = 0;  // zero, the only value with field 0
     e[2047] = std::numeric_limits<double>::quiet_NaN();
@@ -390,16 +179,16 @@ inline double raw_term(T x, const power_tables<T>& tables) noexcept {
 /// bit for bit, in its 16 lanes and order) from two tables that stay in L1 cache (FP16: 8 KiB).
 template <class T>
 inline double raw_sum(const T* b, std::size_t m, const power_tables<T>& tables) noexcept {
-  constexpr std::size_t lanes = portable::lanes<double>;
-  double acc[lanes] = {};
+  constexpr std::size_t L = lanes<double>;
+  double acc[L] = {};
   std::size_t i = 0;
 #if defined(__clang__)
 #pragma clang loop vectorize(disable) interleave(disable)
 #endif
-  for (; i + lanes <= m; i += lanes)
-    for (std::size_t j = 0; j < lanes; ++j) acc[j] += raw_term(b[i + j], tables);
+  for (; i + L <= m; i += L)
+    for (std::size_t j = 0; j < L; ++j) acc[j] += raw_term(b[i + j], tables);
   for (std::size_t j = 0; i + j < m; ++j) acc[j] += raw_term(b[i + j], tables);
-  return portable::sum_lanes(acc);
+  return sum_lanes(acc);
 }
 #if defined(__clang__)
 #pragma float_control(pop)
@@ -418,7 +207,8 @@ struct power_run {
   power_scale scale{};
   power_kind kind = power_kind::general;
 
-  void set_scale([[maybe_unused]] isa target, double top) noexcept {
+  template <class K>
+  void set_scale(double top) noexcept {
     exponent = scale_exponent(top, order);
     limit = std::exp2(std::min(exponent + 960.0 / order, 2000.0));
     scale = {order, std::ldexp(1.0, -exponent), 1023.0 + exponent};
@@ -427,28 +217,29 @@ struct power_run {
     kind = products && order == 3.0   ? power_kind::cube
            : products && order == 4.0 ? power_kind::fourth
                                       : power_kind::general;
-    if (tables && kind == power_kind::general) tables->set_scale(target, scale, exponent);
+    if (tables && kind == power_kind::general) tables->template set_scale<K>(scale, exponent);
   }
 
-  double block([[maybe_unused]] isa target, const T* b, std::size_t m, double& top) const noexcept {
+  template <class K>
+  double block(const T* b, std::size_t m, double& top) const noexcept {
     switch (kind) {
       case power_kind::cube:
-        return power_block<power_kind::cube>(target, b, m, scale, top);
+        return K::template power_block<power_kind::cube>(b, m, scale, top);
       case power_kind::fourth:
-        return power_block<power_kind::fourth>(target, b, m, scale, top);
+        return K::template power_block<power_kind::fourth>(b, m, scale, top);
       case power_kind::general:
         break;
     }
-    if (!tables) return power_block<power_kind::general>(target, b, m, scale, top);
+    if (!tables) return K::template power_block<power_kind::general>(b, m, scale, top);
     if constexpr (sizeof(T) == 2) {  // raw_sum unless a subnormal is there (the smallest normal is 1 << bits)
       std::uint16_t low = 0;
-      const std::uint16_t high = magnitude_range(target, b, m, low);
+      const std::uint16_t high = K::magnitude_range(b, m, low);
       if (low >= (1u << power_tables<T>::bits) - 1) {
         top = widen<double>(Eigen::numext::bit_cast<T>(high));  // NaN if one is: the sum is NaN then too
         return raw_sum(b, m, *tables);
       }
     }
-    return table_block(target, b, m, *tables, top);
+    return K::template table_block<power_tables<T>::series, std::is_same_v<T, double>>(b, m, *tables, top);
   }
 };
 
@@ -476,15 +267,14 @@ inline general_path choose_path(std::size_t n, double order) noexcept {
 /// a NaN or Inf) is summed again from L1 cache, at its own scale once it is known to be finite, and
 /// the sums so far become a part of their own. Blocks far below the scale lose only terms below
 /// 2^-1022 of the run's largest term, which is at least 1.
-template <class T>
+template <class K, class T>
 inline partial_norm general_kernel(const T* p, std::size_t n, double order, general_path path) noexcept {
-  const isa target = best_isa();
   partial_norm parts{0, 0.0, true, order};
-  portable::compensated_sum current;
+  compensated_sum current;
   power_tables<T> tables;
   power_run<T> run{order};
   if (path == general_path::tables) {
-    tables.set_order(target, order);
+    tables.template set_order<K>(order);
     run.tables = &tables;
   }
   bool scaled_yet = false;
@@ -492,21 +282,21 @@ inline partial_norm general_kernel(const T* p, std::size_t n, double order, gene
     const std::size_t m = std::min(block_size, n - start);
     const T* block = p + start;
     if (!scaled_yet) {
-      const double top = max_abs(target, block, m);
-      if (!std::isfinite(top)) return nonfinite_run(target, p, n, order);
+      const double top = max_abs<K>(block, m);
+      if (!std::isfinite(top)) return nonfinite_run<K>(p, n, order);
       if (top == 0.0) continue;
-      run.set_scale(target, top);
+      run.template set_scale<K>(top);
       scaled_yet = true;
     }
     double top = 0;
-    double sum = run.block(target, block, m, top);
+    double sum = run.template block<K>(block, m, top);
     if (!(std::isfinite(sum) && top <= run.limit)) {
-      top = max_abs(target, block, m);
-      if (!std::isfinite(top)) return nonfinite_run(target, p, n, order);
+      top = max_abs<K>(block, m);
+      if (!std::isfinite(top)) return nonfinite_run<K>(p, n, order);
       add_part(parts, {run.exponent, current.value(), true, order});
       current = {};
-      run.set_scale(target, top);
-      sum = run.block(target, block, m, top);
+      run.template set_scale<K>(top);
+      sum = run.template block<K>(block, m, top);
     }
     current.add(sum);
   }
@@ -520,9 +310,12 @@ inline partial_norm general_kernel(const T* p, std::size_t n, double order, gene
 /// or max |x| for p = inf, with `.p = order`.
 template <class T>
 inline partial_norm power_sum_kernel(const T* p, std::size_t n, double order) noexcept {
-  if (order == 1.0) return pnorm::l1_kernel(p, n);
-  if (std::isinf(order)) return pnorm::max_kernel(p, n);
-  return pnorm::general_kernel(p, n, order, pnorm::choose_path<T>(n, order));
+  return with_isa(best_isa(), [&](auto k) {
+    using K = decltype(k);
+    if (order == 1.0) return pnorm::l1_kernel<K>(p, n);
+    if (std::isinf(order)) return pnorm::max_kernel<K>(p, n);
+    return pnorm::general_kernel<K>(p, n, order, pnorm::choose_path<T>(n, order));
+  });
 }
 
 }  // namespace detail

@@ -4,6 +4,7 @@
 
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
+#include <gradclip/detail/numerics.hpp>
 #include <gradclip/detail/p_norm_kernels.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/detail/simd.hpp>
@@ -37,19 +38,18 @@ inline constexpr bool fits_without_scaling = std::numeric_limits<Acc>::max_expon
 
 /// A block whose sum of squares was not accurate unscaled (or not finite): rescanned from L1, divided by
 /// a power of two near its maximum.
-template <class Acc, class T>
+template <class K, class Acc, class T>
 inline partial_norm rescaled_block(const T* block, std::size_t m) noexcept {
-  Acc max = 0;
-  const double sum = portable::sum_squares<Acc>(block, m, Acc(1), &max);
-  if (std::isnan(sum) || std::isinf(max)) return partial_norm::nonfinite(sum);
-  if (max == Acc(0)) return {};
+  const double max = pnorm::max_abs<K>(block, m);
+  if (!std::isfinite(max)) return partial_norm::nonfinite(max);
+  if (max == 0.0) return {};
   const int e = std::ilogb(max) + 1;  // max * 2^-e lies in [0.5, 1)
   const auto [first, second] = power_of_two_factors<Acc>(-e);
-  if (first == Acc(1)) return {e, portable::sum_squares<Acc>(block, m, second), true};
+  if (first == Acc(1)) return {e, K::template block_squares<Acc, true>(block, m, second), true};
   // Apply the first factor through a small buffer so the kernel still takes one scale.
   Acc buffer[block_for<T>];
   for (std::size_t i = 0; i < m; ++i) buffer[i] = widen<Acc>(block[i]) * first;
-  return {e, portable::sum_squares<Acc>(buffer, m, second), true};
+  return {e, K::template block_squares<Acc, true>(buffer, m, second), true};
 }
 
 /// A total of unscaled block sums as a partial_norm (not finite once a block sum overflowed or saw NaN).
@@ -58,25 +58,24 @@ inline partial_norm unscaled_part(double total) noexcept {
 }
 
 /// The sum of squares in Acc, blocks totalled in FP64. With MaxScales, in one read pass: each block is
-/// summed unscaled and kept when that sum is accurate (portable::accurate_unscaled: the vector kernel's
+/// summed unscaled and kept when that sum is accurate (accurate_unscaled: the vector kernel's
 /// common case, with no maximum to track), else rescanned by rescaled_block, and the parts merge;
 /// without, squares overflow as Acc does.
-template <class Acc, bool MaxScales, class T>
+template <class K, class Acc, bool MaxScales, class T>
 inline partial_norm sum_squares(const T* p, std::size_t n) noexcept {
-  const isa target = best_isa();
   std::size_t done = 0;
   if constexpr (!MaxScales || fits_without_scaling<T, Acc>) {
-    return unscaled_part(block_sums<Acc, false>(target, p, n, 0.0, done));
+    return unscaled_part(K::template block_sums<Acc, false>(p, n, 0.0, done));
   } else {
     const double min_sum = std::ldexp(1.0, -2 * safe_exponent_range<Acc>);
     partial_norm rescaled;
     double unscaled = 0;
     for (std::size_t start = 0; start < n;) {
-      unscaled += block_sums<Acc, true>(target, p + start, n - start, min_sum, done);
+      unscaled += K::template block_sums<Acc, true>(p + start, n - start, min_sum, done);
       start += done;
       if (start == n) break;
       const std::size_t m = std::min(block_for<T>, n - start);
-      rescaled.merge(rescaled_block<Acc>(p + start, m));
+      rescaled.merge(rescaled_block<K, Acc>(p + start, m));
       start += m;
     }
     rescaled.merge(unscaled_part(unscaled));
@@ -88,19 +87,19 @@ inline partial_norm sum_squares(const T* p, std::size_t n) noexcept {
 /// segments and rescaled blocks, handed on as a partial_norm's sum and tail.
 struct compensated_total {
   int exponent = 0;
-  portable::double_double value;
+  double_double value;
   partial_norm nonfinite;  // the non-finite blocks' parts, merged (NaN wins over inf)
 
-  void add(int e, const portable::double_double& s) noexcept {
+  void add(int e, const double_double& s) noexcept {
     if (s.hi == 0.0) return;
-    portable::double_double mine = value, theirs = s;
+    double_double mine = value, theirs = s;
     if (value.hi == 0.0 || e > exponent) {  // rescale mine: exact for 4^-k unless it underflows (negligible)
       mine = {std::ldexp(value.hi, 2 * (exponent - e)), std::ldexp(value.lo, 2 * (exponent - e))};
       exponent = e;
     } else {
       theirs = {std::ldexp(s.hi, 2 * (e - exponent)), std::ldexp(s.lo, 2 * (e - exponent))};
     }
-    const portable::double_double t = portable::two_sum(mine.hi, theirs.hi);
+    const double_double t = two_sum(mine.hi, theirs.hi);
     const double lo = t.lo + (mine.lo + theirs.lo);
     const double hi = t.hi + lo;
     value = {hi, lo - (hi - t.hi)};
@@ -116,34 +115,34 @@ struct compensated_total {
 
 /// A block whose maximum is outside the safe range (or not finite), rescanned from L1 and divided by a
 /// power of two near its maximum, its squares summed by the compensated kernel.
-inline void add_rescaled_block(isa target, const double* block, std::size_t m, compensated_total& total) noexcept {
-  double max = 0;
-  const double sum = portable::sum_squares<double>(block, m, 1.0, &max);
-  if (std::isnan(sum) || std::isinf(max)) return total.nonfinite.merge(partial_norm::nonfinite(sum));
+template <class K>
+inline void add_rescaled_block(const double* block, std::size_t m, compensated_total& total) noexcept {
+  const double max = K::max_abs(block, m);
+  if (!std::isfinite(max)) return total.nonfinite.merge(partial_norm::nonfinite(max));
   if (max == 0.0) return;
   const int e = std::ilogb(max) + 1;  // max * 2^-e lies in [0.5, 1)
   const auto [first, second] = power_of_two_factors(-e);
   double buffer[block_size];
   for (std::size_t i = 0; i < m; ++i) buffer[i] = block[i] * first * second;  // exact where it matters
   std::size_t done = 0;
-  total.add(e, compensated_squares<false>(target, buffer, m, 0.0, 0.0, done));
+  total.add(e, K::template compensated_squares<false>(buffer, m, 0.0, 0.0, done));
 }
 
-/// The FP64 sum of squares by Dot2 (portable::compensated_squares), max-scaled blocks as in
+/// The FP64 sum of squares by Dot2 (compensated_squares, kernels.inc), max-scaled blocks as in
 /// sum_squares, everything merged in double-double and rounded once: within about 2^-53 relative of the
 /// exact sum (n 2^-106 more), whatever n.
+template <class K>
 inline partial_norm compensated_sum_squares(const double* p, std::size_t n) noexcept {
-  const isa target = best_isa();
   const double lo = std::ldexp(1.0, -safe_exponent_range<double> - 1);
   const double hi = std::ldexp(1.0, safe_exponent_range<double>);
   compensated_total total;
   for (std::size_t start = 0; start < n;) {
     std::size_t done = 0;
-    total.add(0, compensated_squares<true>(target, p + start, n - start, lo, hi, done));
+    total.add(0, K::template compensated_squares<true>(p + start, n - start, lo, hi, done));
     start += done;
     if (start == n) break;
     const std::size_t m = std::min(block_size, n - start);
-    add_rescaled_block(target, p + start, m, total);
+    add_rescaled_block<K>(p + start, m, total);
     start += m;
   }
   return total.rounded();
@@ -182,12 +181,17 @@ inline partial_norm reduce_run(const T* p, std::size_t n, double order) noexcept
   if (order != 2.0) return power_sum_kernel(p, n, order);
   if constexpr (!traits::sequential && traits::max_scales && !std::is_same_v<element, double>)
     if (n <= short_run) return short_sum_squares(p, n);
-  if constexpr (traits::sequential)
+  if constexpr (traits::sequential) {
     return sequential_sum_squares(p, n);
-  else if constexpr (traits::compensated && std::is_same_v<element, double>)
-    return compensated_sum_squares(p, n);
-  else
-    return sum_squares<typename traits::template accumulator<element>, traits::max_scales>(p, n);
+  } else {
+    return with_isa(best_isa(), [&](auto k) {
+      using K = decltype(k);
+      if constexpr (traits::compensated && std::is_same_v<element, double>)
+        return compensated_sum_squares<K>(p, n);
+      else
+        return sum_squares<K, typename traits::template accumulator<element>, traits::max_scales>(p, n);
+    });
+  }
 }
 
 }  // namespace detail

@@ -24,12 +24,13 @@ inline constexpr int compensated_exponent_min = std::numeric_limits<double>::min
 /// p[i] <- p[i] * c for FP64 elements, c's tail included, each product rounded once: the vector kernel
 /// where c's parts are normal doubles, multiply_exactly element by element far below (a coefficient under
 /// 2^-968 clips a gradient whose norm is 2^968 times the threshold).
-inline void multiply_with_tail(isa target, double* p, std::size_t n, const scaled& c) noexcept {
+inline void multiply_with_tail(double* p, std::size_t n, const scaled& c) noexcept {
   const scaled k = c.normalized();
   if (k.mantissa == 0 || !std::isfinite(k.mantissa) || k.exponent > std::numeric_limits<double>::max_exponent)
-    return multiply<double>(target, p, n, c.value());
-  if (k.exponent >= compensated_exponent_min) return multiply_compensated(target, p, n, k);
-  for (std::size_t i = 0; i < n; ++i) p[i] = portable::multiply_exactly(p[i], k);
+    return with_isa(best_isa(), [&](auto t) { decltype(t)::template multiply<double>(p, n, c.value()); });
+  if (k.exponent >= compensated_exponent_min)
+    return with_isa(best_isa(), [&](auto t) { decltype(t)::multiply_compensated(p, n, k); });
+  for (std::size_t i = 0; i < n; ++i) p[i] = multiply_exactly(p[i], k);
 }
 
 /// p[i] <- p[i] * c with the policy's scaling, the coefficient prepared once for every run of a call
@@ -60,7 +61,7 @@ class scaler {
       using compute = promoted_t<T>;
       run<compute>(p, n, static_cast<compute>(value_));
     } else if constexpr (std::is_same_v<T, double>) {
-      multiply_with_tail(best_isa(), p, n, c_);
+      multiply_with_tail(p, n, c_);
     } else if constexpr (std::is_same_v<T, float>) {
       run<double>(p, n, value_);
     } else if (normal_float_) {
@@ -74,13 +75,16 @@ class scaler {
 
  private:
   // Short runs multiply element by element, as the vector kernels' tails do: the same bits, without
-  // the call into a kernel.
+  // the call into a kernel. 16-bit elements scaled in FP64 (coefficients outside FP32's normal range,
+  // rare) have no vector form.
   template <class Compute, class T>
   static void run(T* p, std::size_t n, Compute c) noexcept {
-    if (n <= short_run)
+    if constexpr (sizeof(T) == 2 && std::is_same_v<Compute, double>)
+      portable::multiply<Compute>(p, n, c);
+    else if (n <= short_run)
       portable::multiply<Compute>(p, n, c);
     else
-      multiply<Compute>(best_isa(), p, n, c);
+      with_isa(best_isa(), [&](auto k) { decltype(k)::template multiply<Compute>(p, n, c); });
   }
 
   scaled c_;

@@ -1,0 +1,608 @@
+// The pipeline every norm and clipping call is a front-end of, over K units: a call's elements cut into a
+// fixed sequence of pieces, each belonging to one unit (a gradient, a group, a slice of a tensor, an
+// example) or to a block of interleaved units; each piece reduced to partial norms (on up to
+// options::threads threads); the parts merged per unit in piece order; a threshold per unit from the
+// call's source; one plan rule that turns norm and threshold into a coefficient; then one write step.
+// The pieces depend on the gradients alone, so every norm, coefficient and written bit is the same for
+// any thread count and any scheduling. The global norm is its K = 1 case, and allocates nothing on one
+// thread. Internal (namespace detail): the public calls are in norm.hpp, clip.hpp and the feature headers.
+#pragma once
+
+#include <gradclip/detail/config.hpp>
+#include <gradclip/detail/reduce.hpp>
+#include <gradclip/detail/scale.hpp>
+#include <gradclip/detail/scaled.hpp>
+#include <gradclip/detail/strided_view.hpp>
+#include <gradclip/detail/thread_pool.hpp>
+#include <gradclip/grad_view.hpp>
+#include <gradclip/options.hpp>
+#include <gradclip/partial_norm.hpp>
+#include <gradclip/policies.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
+
+/// Elements per piece of a contiguous gradient (a multiple of the kernels' block size): small enough to
+/// balance two to sixteen threads on large gradients, large enough that merging pieces costs nothing.
+inline constexpr std::size_t piece_elements = std::size_t{1} << 20;
+
+/// The least gradient bytes worth waking one more thread for.
+inline constexpr std::size_t parallel_grain_bytes = std::size_t{1} << 20;
+
+/// The largest finite p a norm may have: a part keeps sum |x|^p as sum * 2^(p * exponent) with a whole
+/// exponent, which leaves a block's largest term inside double's range only up to about p = 1900. Above
+/// it the p-norm differs from the max norm by less than a factor n^(1/p) anyway: use inf_norm.
+inline constexpr double largest_finite_p = 1000.0;
+
+inline void check_options(const char* function, const options& opt) {
+  const double p = opt.norm.p();
+  if (!(p > 0) || (p > largest_finite_p && !std::isinf(p)))
+    throw std::invalid_argument(std::string(function) + ": options::norm must be in (0, 1000] or inf, not " +
+                                std::to_string(p));
+  if (!(opt.epsilon >= 0) || !std::isfinite(opt.epsilon))
+    throw std::invalid_argument(std::string(function) + ": options::epsilon must be finite and >= 0");
+  if (opt.nonfinite != on_nonfinite::skip && opt.nonfinite != on_nonfinite::error &&
+      opt.nonfinite != on_nonfinite::propagate)
+    throw std::invalid_argument(std::string(function) + ": options::nonfinite is not an on_nonfinite value");
+}
+
+template <class Grads>
+void check_group() {
+  static_assert(is_gradient_range_v<Grads>,
+                "A group of gradients is a range (a std::vector, std::array, ...) whose elements are gradients.");
+}
+
+// ---- Units and pieces ----
+
+/// One piece of a call's elements. `interleaved` false: the view's elements all belong to unit `unit`.
+/// `interleaved` true: the view's segments are columns and its inner index is the unit, so element c of
+/// unit `unit + u` is view.data[c * outer_stride + u] (u < inner_size, c < outer_size). `tensor` is the
+/// gradient of the call it comes from (per-tensor reports).
+template <class T>
+struct piece {
+  strided_view<T> view;
+  std::size_t unit = 0;
+  std::size_t tensor = 0;
+  bool interleaved = false;
+
+  std::size_t units() const noexcept { return interleaved ? view.inner_size : 1; }
+  std::size_t bytes() const noexcept { return view.size() * sizeof(T); }
+};
+
+/// A piece with its element type erased, for the threads' lists.
+template <bool Const>
+class erased_piece : erased_view {
+ public:
+  template <class T>
+  explicit erased_piece(const piece<T>& p) noexcept
+      : erased_view(p.view), unit_(p.unit), tensor_(p.tensor), interleaved_(p.interleaved) {}
+
+  /// Calls f(piece<T>) with the element type restored (const when Const).
+  template <class F>
+  decltype(auto) visit(F&& f) const {
+    return visit_as<Const>([&](const auto& view) {
+      using T = typename std::decay_t<decltype(view)>::element_type;
+      return f(piece<T>{view, unit_, tensor_, interleaved_});
+    });
+  }
+  std::size_t bytes() const noexcept {
+    return visit([](const auto& p) { return p.bytes(); });
+  }
+
+ private:
+  std::size_t unit_, tensor_;
+  bool interleaved_;
+};
+
+/// Calls f(piece<T>) for every piece of a contiguous-or-strided gradient that is all one unit: contiguous
+/// gradients cut every piece_elements elements, other gradients whole.
+template <class T, class F>
+void cut_into_pieces(const strided_view<T>& view, std::size_t unit, std::size_t tensor, F&& f) {
+  if (view.outer_size != 1 || view.inner_stride != 1) return f(piece<T>{view, unit, tensor, false});
+  for (std::size_t start = 0; start < view.inner_size; start += piece_elements)
+    f(piece<T>{{view.data + start, std::min(piece_elements, view.inner_size - start)}, unit, tensor, false});
+}
+
+/// Calls f(piece<T>) for blocks of about piece_elements elements of `units` interleaved units whose
+/// element c lies at base[c * stride + u]: column ranges.
+template <class T, class F>
+void cut_columns(T* base, std::size_t units, std::size_t columns, std::ptrdiff_t stride, std::size_t first_unit,
+                 std::size_t tensor, F&& f) {
+  if (units == 0) return;
+  const std::size_t per_piece = std::max<std::size_t>(1, piece_elements / units);
+  for (std::size_t c = 0; c < columns; c += per_piece)
+    f(piece<T>{{base + static_cast<std::ptrdiff_t>(c) * stride, units, 1, std::min(per_piece, columns - c), stride},
+               first_unit,
+               tensor,
+               true});
+}
+
+/// The units of a range of gradients: all of them one unit (`whole_group`, the global norm), or each its
+/// own (`per_gradient`).
+template <class Grads, bool PerGradient>
+struct gradient_units {
+  Grads& grads;
+
+  static constexpr bool single_unit = !PerGradient;
+  std::size_t units() const {
+    if constexpr (PerGradient)
+      return static_cast<std::size_t>(std::distance(std::begin(grads), std::end(grads)));
+    else
+      return 1;
+  }
+  template <class F>
+  void for_each_piece(F&& f) const {
+    std::size_t k = 0;
+    for (auto& g : grads) {
+      visit_gradient(g, [&](const auto& view) { cut_into_pieces(view, PerGradient ? k : 0, k, f); });
+      ++k;
+    }
+  }
+};
+
+template <class Grads>
+using whole_group = gradient_units<Grads, false>;
+template <class Grads>
+using per_gradient = gradient_units<Grads, true>;
+
+/// One gradient as a group of one, without copying it.
+template <class G>
+struct single {
+  G* gradient;
+  G* begin() const noexcept { return gradient; }
+  G* end() const noexcept { return gradient + 1; }
+};
+
+// ---- Threads ----
+
+/// The pieces of a layout for the threads, and how many threads they are worth (at most `wanted`); no
+/// pieces when one thread does.
+template <bool Const, class Layout>
+std::vector<erased_piece<Const>> pieces_for_threads(const Layout& layout, unsigned wanted, unsigned& used) {
+  used = 1;
+  std::vector<erased_piece<Const>> pieces;
+  if (wanted <= 1) return pieces;
+  std::size_t bytes = 0, count = 0;
+  layout.for_each_piece([&](const auto& p) {
+    bytes += p.bytes();
+    ++count;
+  });
+  used = static_cast<unsigned>(
+      std::min<std::size_t>({wanted, count, std::max<std::size_t>(1, bytes / parallel_grain_bytes)}));
+  if (used <= 1) return pieces;
+  pieces.reserve(count);
+  layout.for_each_piece([&](const auto& p) { pieces.emplace_back(p); });
+  return pieces;
+}
+
+/// Runs task(i) for every piece on `threads` threads, each taking a run of consecutive pieces of about
+/// equal bytes.
+template <class Piece, class Task>
+void run_pieces(const std::vector<Piece>& pieces, unsigned threads, const executor* pool, Task&& task) {
+  std::size_t total = 0;
+  for (const auto& p : pieces) total += p.bytes();
+  std::vector<std::size_t> bounds{0};
+  std::size_t done = 0;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    done += pieces[i].bytes();
+    if (bounds.size() < threads && done * threads >= total * bounds.size()) bounds.push_back(i + 1);
+  }
+  while (bounds.size() <= threads) bounds.push_back(pieces.size());
+  const std::function<void(unsigned)> job = [&](unsigned k) {
+    for (std::size_t i = bounds[k]; i < bounds[k + 1]; ++i) task(i);
+  };
+  run_jobs(pool, threads, job);
+}
+
+// ---- Reduction ----
+
+/// The parts of K units: one inline for the single-unit layouts (no allocation), a vector otherwise.
+template <bool Single>
+class unit_parts {
+ public:
+  explicit unit_parts(std::size_t units, double order) : parts_(units, partial_norm{0, 0.0, true, order}) {}
+  partial_norm& operator[](std::size_t u) noexcept { return parts_[u]; }
+  const partial_norm& operator[](std::size_t u) const noexcept { return parts_[u]; }
+  std::size_t size() const noexcept { return parts_.size(); }
+
+ private:
+  std::vector<partial_norm> parts_;
+};
+template <>
+class unit_parts<true> {
+ public:
+  explicit unit_parts(std::size_t, double order) noexcept : part_{0, 0.0, true, order} {}
+  explicit unit_parts(const partial_norm& part) noexcept : part_(part) {}
+  partial_norm& operator[](std::size_t) noexcept { return part_; }
+  const partial_norm& operator[](std::size_t) const noexcept { return part_; }
+  std::size_t size() const noexcept { return 1; }
+
+ private:
+  partial_norm part_;
+};
+
+template <class Layout, class = void>
+struct is_single_unit : std::false_type {};
+template <class Layout>
+struct is_single_unit<Layout, std::enable_if_t<Layout::single_unit>> : std::true_type {};
+
+/// The partial norm of a piece that is one unit.
+template <class Policy, class T>
+partial_norm reduce_view(const strided_view<T>& view, double order) {
+  if (view.outer_size == 1 && view.inner_stride == 1) return reduce_run<Policy>(view.data, view.inner_size, order);
+  partial_norm part{0, 0.0, true, order};
+  view.for_each_run([&](const auto* p, std::size_t n) { part.merge(reduce_run<Policy>(p, n, order)); });
+  return part;
+}
+
+/// The robust L2 parts of the interleaved units of a piece, out[u] for u < piece.units(): each unit summed
+/// over the piece's columns in one sweep, and a unit whose sum is not accurate unscaled (BF16 squares that
+/// over- or underflow FP32, FP64 units outside the compensated kernel's range, NaN, Inf) rescanned on its
+/// own by the contiguous kernels. Other norms and policies reduce each unit on its own.
+template <class Policy, class T>
+void reduce_columns(const piece<T>& p, double order, partial_norm* out) {
+  using element = std::remove_const_t<T>;
+  const std::size_t units = p.view.inner_size, columns = p.view.outer_size;
+  const std::ptrdiff_t stride = p.view.outer_stride;
+  const auto unit_view = [&](std::size_t u) {
+    return strided_view<T>{p.view.data + static_cast<std::ptrdiff_t>(u), columns, stride};
+  };
+  if (order != 2.0 || !std::is_same_v<Policy, robust>) {
+    for (std::size_t u = 0; u < units; ++u) out[u] = reduce_view<Policy>(unit_view(u), order);
+    return;
+  }
+  with_isa(best_isa(), [&](auto k) {
+    using K = decltype(k);
+    if constexpr (std::is_same_v<element, double>) {
+      std::vector<double> sum(units), compensation(units), top(units);
+      K::column_squares_compensated(p.view.data, units, columns, stride, sum.data(), compensation.data(), top.data());
+      const double lo = std::ldexp(1.0, -safe_exponent_range<double> - 1);
+      const double hi = std::ldexp(1.0, safe_exponent_range<double>);
+      for (std::size_t u = 0; u < units; ++u) {
+        if (top[u] != 0 && !(top[u] >= lo && top[u] < hi)) {
+          out[u] = reduce_view<Policy>(unit_view(u), order);
+          continue;
+        }
+        const double hi_sum = sum[u] + compensation[u];
+        out[u] = {0, hi_sum, true, 2.0, compensation[u] - (hi_sum - sum[u])};
+        if (!std::isfinite(hi_sum)) out[u] = reduce_view<Policy>(unit_view(u), order);
+      }
+    } else {
+      using Acc = robust_t<element>;
+      std::vector<double> sums(units);
+      K::template column_squares<Acc>(p.view.data, units, columns, stride, sums.data());
+      const double min_sum = fits_without_scaling<element, Acc> ? 0.0 : std::ldexp(1.0, -2 * safe_exponent_range<Acc>);
+      for (std::size_t u = 0; u < units; ++u) {
+        const bool accurate = fits_without_scaling<element, Acc>
+                                  ? std::isfinite(sums[u])
+                                  : sums[u] >= min_sum && sums[u] <= std::numeric_limits<double>::max();
+        out[u] = accurate ? partial_norm{0, sums[u], true} : reduce_view<Policy>(unit_view(u), order);
+      }
+    }
+  });
+}
+
+/// Merges the parts of one piece into the units' parts.
+template <class Parts>
+void merge_piece(Parts& parts, std::size_t first, const partial_norm* piece_parts, std::size_t count) {
+  for (std::size_t u = 0; u < count; ++u) parts[first + u].merge(piece_parts[u]);
+}
+
+/// The parts of every unit of the layout, of kind options::norm, each merged in piece order.
+template <class Policy, class Layout>
+unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, const options& opt) {
+  const double order = opt.norm.p();
+  unit_parts<is_single_unit<Layout>::value> parts(layout.units(), order);
+  const auto reduce_one = [&](const auto& p, auto&& sink) {
+    if (!p.interleaved) {
+      const partial_norm part = reduce_view<Policy>(p.view, order);
+      return sink(p.unit, &part, 1);
+    }
+    std::vector<partial_norm> columns(p.units());
+    reduce_columns<Policy>(p, order, columns.data());
+    sink(p.unit, columns.data(), columns.size());
+  };
+  unsigned threads = 1;
+  const auto pieces = pieces_for_threads<true>(layout, opt.threads, threads);
+  if (threads <= 1) {
+    layout.for_each_piece([&](const auto& p) {
+      reduce_one(p, [&](std::size_t first, const partial_norm* piece_parts, std::size_t count) {
+        merge_piece(parts, first, piece_parts, count);
+      });
+    });
+    return parts;
+  }
+  std::vector<std::vector<partial_norm>> results(pieces.size());
+  run_pieces(pieces, threads, opt.pool, [&](std::size_t i) {
+    pieces[i].visit([&](const auto& p) {
+      reduce_one(p, [&](std::size_t, const partial_norm* piece_parts, std::size_t count) {
+        results[i].assign(piece_parts, piece_parts + count);
+      });
+    });
+  });
+  for (std::size_t i = 0; i < pieces.size(); ++i)
+    pieces[i].visit([&](const auto& p) { merge_piece(parts, p.unit, results[i].data(), results[i].size()); });
+  return parts;
+}
+
+/// The group's partial norm of kind options::norm, merged in partition order.
+template <class Policy, class Grads>
+partial_norm reduce(const Grads& grads, const options& opt) {
+  check_group<const Grads&>();
+  return reduce_units<Policy>(whole_group<const Grads>{grads}, opt)[0];
+}
+
+// ---- Plans ----
+
+/// What to do with one unit, decided before any gradient is touched.
+struct clip_plan {
+  clip_result result;
+  scaled coefficient;
+};
+
+/// PyTorch's rule (clip_by_norm, clip_by_global_norm, per-example clipping): the part and the threshold
+/// become c = max_norm / (norm + epsilon), and the unit clips when c < 1. Works on the scaled forms, so
+/// the coefficient is right even where the norm overflows double. Non-finite norms follow opt.nonfinite:
+/// skip leaves the unit alone, error throws nonfinite_error, propagate is PyTorch's arithmetic.
+inline clip_plan plan_clip(const char* function, const partial_norm& part, double max_norm, const options& opt) {
+  const double norm = part.norm();
+  if (!part.finite) {
+    if (opt.nonfinite == on_nonfinite::error) throw nonfinite_error(function, norm);
+    if (opt.nonfinite == on_nonfinite::skip)  // no threshold was applied
+      return {{norm, 1.0, false, false, std::numeric_limits<double>::infinity()}, scaled{1.0, 0}};
+    // PyTorch's arithmetic (std::min keeps a NaN quotient): an infinite norm gives 0, NaN when max_norm is
+    // infinite too; a NaN norm gives NaN.
+    const double c = std::min(max_norm / (norm + opt.epsilon), 1.0);
+    return {{norm, c, !(c == 1.0), false, max_norm}, scaled{c, 0}};
+  }
+  // The root of the L2 sum (with its tail) and the quotient in double-double: the coefficient is the
+  // correctly rounded quotient, and its tail lets the FP64 scale kernel round each element once from the
+  // unrounded quotient.
+  const scaled root =
+      part.p == 2.0 && part.sum > 0 ? root_with_tail(part.sum, part.low, part.exponent) : part.norm_scaled();
+  const scaled c = quotient_with_tail(max_norm, root, opt.epsilon);
+  // c < 1: zero (max_norm = 0), or a normalized mantissa in [1, 2) with a negative exponent. A zero norm
+  // gives an infinite c (or NaN with max_norm = 0), which never clips.
+  const bool below_one = std::isfinite(c.mantissa) && (c.mantissa == 0.0 || c.exponent < 0);
+  if (!below_one) return {{norm, 1.0, false, true, max_norm}, scaled{1.0, 0}};
+  return {{norm, c.value(), true, true, max_norm}, c};
+}
+
+// Optax's guard in AGC's denominator, max(||g_u||, 1e-6).
+inline constexpr double agc_div_eps = 1e-6;
+
+/// Optax's rule for thresholds relative to another norm (AGC): with max_norm = clipping * max(||w||, eps)
+/// formed by the caller as a scaled number (it may exceed double's range), the unit clips when ||g|| >=
+/// max_norm, by c = max_norm / max(||g||, 1e-6). A non-finite norm or threshold follows opt.nonfinite,
+/// propagate being Optax's arithmetic in double (NaN and Inf as they come).
+inline clip_plan plan_relative(const char* function, const partial_norm& part, const scaled& max_norm,
+                               const options& opt) {
+  const double norm = part.norm(), threshold = max_norm.value();
+  if (!part.finite || !std::isfinite(max_norm.mantissa)) {
+    if (opt.nonfinite == on_nonfinite::error) throw nonfinite_error(function, part.finite ? max_norm.mantissa : norm);
+    if (opt.nonfinite == on_nonfinite::skip)
+      return {{norm, 1.0, false, false, std::numeric_limits<double>::infinity()}, scaled{1.0, 0}};
+    if (norm < threshold) return {{norm, 1.0, false, false, threshold}, scaled{1.0, 0}};
+    const double c = threshold / (std::isnan(norm) ? norm : std::max(norm, agc_div_eps));  // max keeps no NaN
+    return {{norm, c, true, false, threshold}, scaled{c, 0}};
+  }
+  const scaled g = part.norm_scaled();
+  if (g < max_norm) return {{norm, 1.0, false, true, threshold}, scaled{1.0, 0}};
+  const scaled c = max_norm / std::max(g, scaled::of(agc_div_eps));
+  return {{norm, c.value(), true, true, threshold}, c};
+}
+
+// ---- Threshold sources: what decides each unit's threshold ----
+
+/// A threshold fixed by the caller, the same for every unit: the source of every call without a
+/// controller.
+struct fixed_threshold {
+  double max_norm;
+
+  void check(const char* function) const {
+    if (!(max_norm >= 0)) throw std::invalid_argument(std::string(function) + ": max_norm must be >= 0 and not NaN");
+  }
+  threshold_decision decide(std::size_t, const partial_norm&) const noexcept { return {max_norm, false}; }
+  double fallback_threshold(std::size_t) const noexcept { return max_norm; }
+  void update(std::size_t, const clip_result&) const noexcept {}
+  std::string where(const char* function, std::size_t) const { return function; }
+};
+
+inline void check_clip_arguments(const char* function, double max_norm, const options& opt) {
+  fixed_threshold{max_norm}.check(function);
+  check_options(function, opt);
+}
+
+/// A threshold controller (controller.hpp) as the source of a single unit's threshold.
+template <class Controller>
+struct controlled {
+  Controller& controller;
+
+  void check(const char*) const noexcept {}
+  threshold_decision decide(std::size_t, const partial_norm& part) const { return controller.decide(part.norm()); }
+  double fallback_threshold(std::size_t) const { return controller.fallback_threshold(); }
+  void update(std::size_t, const clip_result& step) const { controller.update(step); }
+  std::string where(const char* function, std::size_t) const { return function; }
+};
+
+/// One threshold per unit, given by the caller (per-group and per-layer clipping); `where(u)` names unit
+/// u in error messages.
+template <class Where>
+struct unit_thresholds {
+  const double* max_norms;
+  std::size_t count;
+  Where where_;
+
+  void check(const char* function) const {
+    for (std::size_t u = 0; u < count; ++u)
+      if (!(max_norms[u] >= 0)) throw std::invalid_argument(where(function, u) + ": max_norm must be >= 0 and not NaN");
+  }
+  threshold_decision decide(std::size_t u, const partial_norm&) const noexcept { return {max_norms[u], false}; }
+  double fallback_threshold(std::size_t u) const noexcept { return max_norms[u]; }
+  void update(std::size_t, const clip_result&) const noexcept {}
+  std::string where(const char* function, std::size_t u) const { return std::string(function) + ": " + where_(u); }
+};
+
+// ---- The pipeline ----
+
+/// One plan per unit: inline for the single-unit layouts (no allocation), a vector otherwise.
+template <bool Single>
+using unit_plans = std::conditional_t<Single, std::array<clip_plan, 1>, std::vector<clip_plan>>;
+
+template <class Source, class = void>
+struct plans_by_itself : std::false_type {};
+template <class Source>
+struct plans_by_itself<Source, std::void_t<decltype(&Source::template plan<unit_parts<false>>)>> : std::true_type {};
+
+/// decide -> plan for each of the `units` units, from the parts, before anything is written. A source
+/// with a `plan` member makes its own (AGC's relative thresholds); the others decide a threshold per unit
+/// and PyTorch's rule plans: a non-finite part never reaches the source (it follows opt.nonfinite, with
+/// the source's fallback threshold under propagate), a unit the source skips is left alone.
+template <bool Single, class Parts, class Source>
+unit_plans<Single> decide_units(const char* function, std::size_t units, const Parts& parts, const Source& source,
+                                const options& opt) {
+  unit_plans<Single> plans{};
+  if constexpr (!Single) plans.resize(units);
+  for (std::size_t u = 0; u < units; ++u) {
+    if constexpr (plans_by_itself<Source>::value) {
+      plans[u] = source.plan(function, u, parts, opt);
+    } else {
+      const partial_norm& part = parts[u];
+      const threshold_decision decision =
+          part.finite ? source.decide(u, part) : threshold_decision{source.fallback_threshold(u), false};
+      if (decision.skip)
+        plans[u] = {{part.norm(), 1.0, false, part.finite, decision.threshold, true}, scaled{1.0, 0}};
+      else if (part.finite || opt.nonfinite != on_nonfinite::error)
+        plans[u] = plan_clip(function, part, decision.threshold, opt);
+      else
+        throw nonfinite_error(source.where(function, u), part.norm());
+    }
+  }
+  return plans;
+}
+
+/// Calls write(piece) for every piece of the layout, on up to options::threads threads.
+template <class Layout, class Write>
+void write_pieces(const Layout& layout, const options& opt, Write&& write) {
+  unsigned threads = 1;
+  const auto pieces = pieces_for_threads<false>(layout, opt.threads, threads);
+  if (threads <= 1) return layout.for_each_piece(write);
+  run_pieces(pieces, threads, opt.pool, [&](std::size_t i) { pieces[i].visit(write); });
+}
+
+/// The robust policy's scaling of 16-bit and FP32 elements as one factor per unit of interleaved units:
+/// FP32 factors for 16-bit elements when every factor is a normal float (as scaler does), FP64 for FP32
+/// elements. False (and nothing written) when the piece needs the scalers unit by unit: FP64 elements,
+/// other policies, tiny factors, or a unit that does not clip and is not finite (it must keep its bits).
+template <class Policy, class T, class Plans>
+bool scale_columns(const piece<T>& p, const Plans& plans) {
+  using element = T;
+  if constexpr (std::is_same_v<element, double> || !std::is_same_v<Policy, robust>) {
+    return false;
+  } else {
+    using Compute = std::conditional_t<sizeof(T) == 2, float, double>;
+    const std::size_t units = p.view.inner_size;
+    std::vector<Compute> factor(units, Compute(1));
+    for (std::size_t u = 0; u < units; ++u) {
+      const clip_plan& plan = plans[p.unit + u];
+      if (!plan.result.clipped) {
+        if (!plan.result.finite) return false;
+        continue;
+      }
+      const double c = plan.coefficient.value();
+      if (sizeof(T) == 2 && !(c == 0 || (std::abs(c) >= std::numeric_limits<float>::min() &&
+                                         std::abs(c) <= std::numeric_limits<float>::max())))
+        return false;
+      factor[u] = static_cast<Compute>(c);
+    }
+    with_isa(best_isa(), [&](auto k) {
+      decltype(k)::template column_multiply<Compute>(p.view.data, units, p.view.outer_size, p.view.outer_stride,
+                                                     factor.data());
+    });
+    return true;
+  }
+}
+
+/// The write step that scales: every unit whose plan clips is multiplied by its coefficient with the
+/// policy's scaling, on up to options::threads threads. Units that do not clip are neither read nor
+/// written, except finite ones interleaved with clipping units, which are rewritten with their own values.
+template <class Policy, class Layout, class Plans>
+void apply_units(const Layout& layout, const Plans& plans, const options& opt) {
+  constexpr bool single = is_single_unit<Layout>::value;
+  bool any = false;
+  for (const auto& plan : plans) any = any || plan.result.clipped;
+  if (!any) return;
+  // The coefficients, each prepared once for every run of its unit (many small tensors make many runs).
+  std::conditional_t<single, std::array<scaler<Policy>, 1>, std::vector<scaler<Policy>>> scalers = [&] {
+    if constexpr (single) {
+      return std::array<scaler<Policy>, 1>{scaler<Policy>(plans[0].coefficient)};
+    } else {
+      std::vector<scaler<Policy>> all;
+      all.reserve(plans.size());
+      for (const auto& plan : plans) all.emplace_back(plan.coefficient);
+      return all;
+    }
+  }();
+  const auto scale_piece = [&](const auto& p) {
+    using T = typename std::decay_t<decltype(p.view)>::element_type;
+    static_assert(!std::is_const_v<T>, "Clipping modifies the gradient in place, so it cannot be const.");
+    if (p.interleaved && scale_columns<Policy>(p, plans)) return;
+    for (std::size_t u = 0; u < p.units(); ++u) {
+      if (!plans[p.unit + u].result.clipped) continue;
+      const strided_view<T> unit =
+          p.interleaved ? strided_view<T>{p.view.data + u, p.view.outer_size, p.view.outer_stride} : p.view;
+      unit.for_each_run([&](T* data, std::size_t n) { scalers[p.unit + u](data, n); }, true);
+    }
+  };
+  write_pieces(layout, opt, scale_piece);
+}
+
+/// The whole pipeline on `layout`: check, reduce (`reduced()` returns the unit parts), decide and plan
+/// every unit, then `write(plans)`, and tell `source` each unit's outcome. Returns the plans.
+template <class Layout, class Source, class Reduced, class Write>
+auto run_units(const char* function, const Layout& layout, const Source& source, const options& opt, Reduced&& reduced,
+               Write&& write) {
+  source.check(function);
+  check_options(function, opt);
+  const auto parts = reduced();
+  auto plans = decide_units<is_single_unit<Layout>::value>(function, layout.units(), parts, source, opt);
+  write(plans);
+  for (std::size_t u = 0; u < plans.size(); ++u) source.update(u, plans[u].result);
+  return plans;
+}
+
+/// One coefficient for a group of gradients (clip_by_norm, clip_by_global_norm and their controller
+/// forms): the pipeline with K = 1 and the scale kernel as its write step. `reduced` may replace the
+/// reduction (a norm reduced elsewhere).
+template <class Policy, class Grads, class Source, class Reduced>
+clip_result clip(const char* function, Grads& grads, const Source& source, const options& opt, Reduced&& reduced) {
+  check_group<Grads&>();
+  const whole_group<Grads> layout{grads};
+  return run_units(
+             function, layout, source, opt, [&] { return unit_parts<true>(reduced()); },
+             [&](const auto& plans) { apply_units<Policy>(layout, plans, opt); })[0]
+      .result;
+}
+
+/// The pipeline on the group's own norm.
+template <class Policy, class Grads, class Source>
+clip_result clip(const char* function, Grads& grads, const Source& source, const options& opt) {
+  return clip<Policy>(function, grads, source, opt, [&] { return reduce<Policy>(grads, opt); });
+}
+
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip
