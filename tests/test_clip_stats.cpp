@@ -376,7 +376,9 @@ TEST(ClipStatsSketch, LongStreamsStayWithinTheBound) {
       const double exact = torch_quantile(s.norms, q);
       if (exact >= DBL_MIN && std::isfinite(exact))
         worst = std::max(worst, std::abs(stats.norm_quantile(q) - exact) / exact);
-      if (std::string(s.name) == "constant") EXPECT_EQ(stats.norm_quantile(q), 0.3) << q;  // clamped to [min, max]
+      if (std::string(s.name) == "constant") {
+        EXPECT_EQ(stats.norm_quantile(q), 0.3) << q;  // clamped to [min, max]
+      }
     }
     EXPECT_EQ(stats.norm_quantile(0.0), *std::min_element(s.norms.begin(), s.norms.end())) << s.name;
     EXPECT_EQ(stats.norm_quantile(1.0), *std::max_element(s.norms.begin(), s.norms.end())) << s.name;

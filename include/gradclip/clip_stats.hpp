@@ -44,8 +44,9 @@ std::size_t element_count(const Grads& grads) {
 
 namespace detail {
 
-// torch.quantile interpolates with torch.lerp, whose source rounds the product before the sum. Its
-// AVX2 kernel is contracted into an FMA and differs in the last bit; this one never is, on any target.
+// clip_stats' arithmetic, never contracted into FMAs, so that its results do not depend on the target:
+// torch.quantile's rank and torch.lerp round each product before the sum (libtorch's AVX2 kernel fuses
+// the lerp and differs in the last bit), and the shares' scaled squares round as ldexp does.
 #if defined(__clang__)
 #pragma float_control(push)
 #pragma clang fp contract(off)
@@ -53,9 +54,35 @@ namespace detail {
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 #endif
+/// torch.quantile's position of q among n >= 1 sorted values: rank q * (n - 1), its truncation and
+/// ceiling (clamped to n - 1 where q * (n - 1) rounds up past it), and the weight between them.
+struct quantile_rank {
+  std::size_t below;
+  std::size_t above;
+  double weight;
+};
+inline quantile_rank torch_rank(double q, std::size_t n) noexcept {
+  const double rank = q * static_cast<double>(n - 1);
+  const auto below = std::min(static_cast<std::size_t>(rank), n - 1);
+  return {below, std::min(static_cast<std::size_t>(std::ceil(rank)), n - 1), rank - static_cast<double>(below)};
+}
+
 /// torch.lerp(a, b, w) for 0 <= w <= 1: the two-sided form, exact at both ends.
 inline double torch_lerp(double a, double b, double w) noexcept {
   return w < 0.5 ? a + w * (b - a) : b - (b - a) * (1 - w);
+}
+
+/// sums[i] += (min(norm_i, DBL_MAX) * 2^-g)^2 * 2^shift for the report's tensors (shift <= 0). A power of
+/// two that is a normal double multiplies in one rounding, as ldexp does, and costs less.
+inline void add_scaled_squares(std::vector<double>& sums, const tensor_report& report, int g, int shift) noexcept {
+  const double down = g >= -1022 ? std::ldexp(1.0, -g) : 0.0;
+  const double weight = shift >= -1022 ? std::ldexp(1.0, shift) : 0.0;
+  for (std::size_t i = 0; i < sums.size(); ++i) {
+    const double norm = std::min(report[i].norm, std::numeric_limits<double>::max());
+    const double scaled = down != 0.0 ? norm * down : std::ldexp(norm, -g);
+    const double square = scaled * scaled;
+    sums[i] += weight != 0.0 ? square * weight : std::ldexp(square, shift);
+  }
 }
 #if defined(__clang__)
 #pragma float_control(pop)
@@ -175,21 +202,11 @@ class clip_stats {
       throw std::invalid_argument("gradclip::clip_stats::norm_quantile: q must be in [0, 1], not " + std::to_string(q));
     const std::size_t n = finite_steps();
     if (n == 0) return std::numeric_limits<double>::quiet_NaN();
-    // torch.quantile's ranks: q * (n - 1), its truncation and its ceiling.
-    const double position = q * static_cast<double>(n - 1);
-    const std::size_t below = std::min(static_cast<std::size_t>(position), n - 1);
-    const std::size_t above = std::min(static_cast<std::size_t>(std::ceil(position)), n - 1);
-    const double weight = position - static_cast<double>(below);
-    double a = 0.0, b = 0.0;
-    if (buckets_.empty()) {
-      a = exact_[below];
-      b = exact_[above];
-    } else {
-      a = sketched_order_statistic(below);
-      b = sketched_order_statistic(above);
-    }
-    if (b == std::numeric_limits<double>::infinity()) return weight == 0 ? a : b;
-    return detail::torch_lerp(a, b, weight);
+    const detail::quantile_rank rank = detail::torch_rank(q, n);
+    const double a = buckets_.empty() ? exact_[rank.below] : sketched_order_statistic(rank.below);
+    const double b = buckets_.empty() ? exact_[rank.above] : sketched_order_statistic(rank.above);
+    if (b == std::numeric_limits<double>::infinity()) return rank.weight == 0 ? a : b;
+    return detail::torch_lerp(a, b, rank.weight);
   }
 
   /// True while norm_quantile() is exact: the interval's finite steps fit in exact_capacity().
@@ -476,10 +493,7 @@ class clip_stats {
       for (double& s : share_sums_) s = std::ldexp(s, share_exponent_ - 2 * g);
       share_exponent_ = 2 * g;
     }
-    for (std::size_t i = 0; i < share_sums_.size(); ++i) {
-      const double scaled = std::ldexp(std::min(report[i].norm, max_double), -g);
-      share_sums_[i] += std::ldexp(scaled * scaled, 2 * g - share_exponent_);
-    }
+    detail::add_scaled_squares(share_sums_, report, g, 2 * g - share_exponent_);
   }
 
   double share_total() const noexcept {
