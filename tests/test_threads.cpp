@@ -16,12 +16,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -92,15 +93,15 @@ struct reference {
     norm = gradclip::norm(original.data(), original.size());
     max_norm = 0.25 * norm;
     clipped = original;
-    EXPECT_TRUE(gradclip::clip_by_norm(clipped.data(), clipped.size(), max_norm).clipped);
+    EXPECT_TRUE(gradclip::clip_by_norm(clipped.data(), clipped.size(), max_norm).clipped) << "seed " << s;
     if (!exact) return;
     const quad exact_value = exact_norm(original);
-    EXPECT_LE(relative_error(norm, exact_value), robust_norm_bound<T>()) << type_name<T>();
+    EXPECT_LE(relative_error(norm, exact_value), robust_norm_bound<T>()) << type_name<T>() << ", seed " << s;
     const quad c = static_cast<quad>(max_norm) / exact_value;
     double worst = 0;
     for (std::size_t i = 0; i < original.size(); ++i)
       worst = std::max(worst, ulps(clipped[i], to_quad(original[i]) * c));
-    EXPECT_LE(worst, 1.0) << type_name<T>();
+    EXPECT_LE(worst, 1.0) << type_name<T>() << ", seed " << s;
   }
 
   // True when a norm and a clip with `opt` give the one-thread bits.
