@@ -1,6 +1,8 @@
-// Every vector kernel (AVX2, AVX-512, whichever this CPU runs) against the portable scalar reference:
-// lengths around the vector and block widths, misaligned starts, out-of-range blocks, NaN and Inf, and
-// every 16-bit pattern through the scaling kernel.
+// Every kernel against an independent binary128 reference (long double on AArch64), the portable ones
+// included, so these tests check the arithmetic wherever they run (arm64 and x86 CPUs without AVX2 have
+// no vector kernel); and every vector kernel (AVX2, AVX-512, whichever this CPU runs) against the
+// portable one, bit for bit: lengths around the vector and block widths, misaligned starts,
+// out-of-range blocks, NaN and Inf, and every 16-bit pattern through the scaling kernel.
 #include <gradclip/detail/simd.hpp>
 
 #include "reference.hpp"
@@ -37,7 +39,14 @@ std::vector<isa> vector_isas() {
   return result;
 }
 
-std::string name_of(isa target) { return target == isa::avx512 ? "avx512" : "avx2"; }
+/// The portable kernels and every vector kernel this CPU runs.
+std::vector<isa> all_isas() {
+  std::vector<isa> result{isa::portable};
+  for (isa target : vector_isas()) result.push_back(target);
+  return result;
+}
+
+std::string name_of(isa target) { return target == isa::avx512 ? "avx512" : target == isa::avx2 ? "avx2" : "portable"; }
 
 template <class T>
 std::vector<T> random_values(std::size_t n, std::mt19937_64& rng, double scale = 1.0) {
@@ -101,6 +110,46 @@ void check_block_sums(const std::vector<T>& data, std::size_t offset, std::size_
   }
 }
 
+/// gamma(k) = k u / (1 - k u): the relative error of k roundings to nearest of nonnegative terms.
+double gamma_of(double k, double unit) { return k * unit / (1 - k * unit); }
+
+/// The relative error bound of block_sums<Acc> over elements of T (all terms are nonnegative), from the
+/// kernels' structure (simd.hpp): in a lane, a chain of `chain` squares (each rounded unless exact) and
+/// chain - 1 additions in Acc; the chains carried into FP64 lanes (block / chunk carries per block), the
+/// lanes summed pairwise (log2 lanes additions) and the block sums totalled compensated (one rounding,
+/// and one more for the compensation's second-order terms).
+template <class T, class Acc>
+double block_sums_bound() {
+  namespace d = gradclip::detail;
+  constexpr bool exact = d::exact_squares<T, Acc>;
+  const double acc_unit = std::ldexp(1.0, -std::numeric_limits<Acc>::digits), fp64_unit = 0x1p-53;
+  const double in_chain = static_cast<double>(portable::chain<T, Acc>) - 1 + (exact ? 0 : 1);
+  const double carries = static_cast<double>(d::block_for<T> / portable::chunk<T, Acc>) - 1;
+  const double in_fp64 = carries + std::log2(static_cast<double>(portable::lanes<Acc>)) + 2;
+  if (std::is_same_v<Acc, double>) return gamma_of(in_chain + in_fp64, fp64_unit);
+  return (1 + gamma_of(in_chain, acc_unit)) * (1 + gamma_of(in_fp64, fp64_unit)) - 1;
+}
+
+/// Every kernel's sum of squares, portable included, against the exact sum in binary128, within
+/// block_sums_bound (for data whose squares neither overflow nor underflow Acc).
+template <class Acc, class T>
+void check_block_sums_accuracy(const std::vector<T>& data, std::size_t offset, std::size_t n) {
+  gradclip_test::quad exact = 0;
+  for (std::size_t i = offset; i < offset + n; ++i)
+    exact += gradclip_test::to_quad(data[i]) * gradclip_test::to_quad(data[i]);
+  const double bound = block_sums_bound<T, Acc>();
+  for (isa target : all_isas()) {
+    SCOPED_TRACE(name_of(target) + " n=" + std::to_string(n) + " offset=" + std::to_string(offset));
+    std::size_t done = 0;
+    const double sum = gradclip::detail::block_sums<Acc, false>(target, data.data() + offset, n, 0.0, done);
+    EXPECT_EQ(done, n);
+    EXPECT_LE(gradclip_test::relative_error(sum, exact), bound);
+    const double ranged = gradclip::detail::block_sums<Acc, true>(target, data.data() + offset, n, 0x1p-40, done);
+    EXPECT_EQ(done, n);  // random values in [-1, 1]: every block is summed unscaled
+    EXPECT_LE(gradclip_test::relative_error(ranged, exact), bound);
+  }
+}
+
 template <class T, class F>
 void for_each_accumulator(F&& f) {
   f(double{});
@@ -115,6 +164,18 @@ TYPED_TEST(Kernels, BlockSumsMatchPortableForEveryLengthAndAlignment) {
   for_each_accumulator<T>([&](auto acc) {
     for (std::size_t n : lengths)
       for (std::size_t offset = 0; offset < 4; ++offset) check_block_sums<decltype(acc)>(data, offset, n, "random");
+  });
+}
+
+TYPED_TEST(Kernels, BlockSumsAreWithinTheirBoundOfTheExactSum) {
+  using T = TypeParam;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const auto data = random_values<T>(longest + 4, rng);
+  for_each_accumulator<T>([&](auto acc) {
+    SCOPED_TRACE(sizeof(acc) == 4 ? "FP32 chains" : "FP64");
+    for (std::size_t n : lengths)
+      for (std::size_t offset = 0; offset < 4; ++offset) check_block_sums_accuracy<decltype(acc)>(data, offset, n);
   });
 }
 
@@ -216,8 +277,62 @@ TEST(Kernels, BlockTotalsAreCompensated) {
   }
 }
 
+using gradclip_test::quad;
+using gradclip_test::to_quad;
+using gradclip_test::type_name;
+
+/// q rounded to T's precision and range, to nearest even, computed in binary128 (an independent
+/// reference for the division kernel).
+template <class T>
+double round_to(quad q) {
+  if (q == 0) return 0.0;
+  const bool negative = q < 0;
+  const quad a = negative ? -q : q;
+  const int digits = std::numeric_limits<T>::digits, emin = std::numeric_limits<T>::min_exponent - 1;
+  const quad overflow = quad(static_cast<double>(std::numeric_limits<T>::max())) +
+                        quad(std::ldexp(1.0, std::numeric_limits<T>::max_exponent - digits - 1));
+  if (a >= overflow) return negative ? -INFINITY : INFINITY;
+  int e = std::ilogb(static_cast<double>(a));
+  if (quad(std::ldexp(1.0, e)) > a) --e;
+  if (quad(std::ldexp(1.0, e + 1)) <= a) ++e;
+  e = std::max(e, emin);
+  const quad ulp = quad(std::ldexp(1.0, e - digits + 1));
+  const quad k = a / ulp;
+  auto whole = static_cast<std::int64_t>(k);  // floor: k >= 0 and below 2^(digits + 1)
+  const quad rest = k - quad(whole);
+  if (rest > quad(0.5) || (rest == quad(0.5) && whole % 2 != 0)) ++whole;
+  const double result = static_cast<double>(quad(whole) * ulp);
+  return negative ? -result : result;
+}
+
+/// x * c as the multiply kernels compute it: the exact product (binary128 holds it) rounded to Compute,
+/// then to T; NaN for a NaN product, a zero with the product's sign for a zero.
+template <class T, class Compute>
+double multiplied(T x, Compute c) {
+  const double a = static_cast<double>(x), b = static_cast<double>(c);
+  if (std::isnan(a) || std::isnan(b) || std::isinf(a) || std::isinf(b) || a == 0 || b == 0) return a * b;
+  return round_to<T>(to_quad(round_to<Compute>(to_quad(a) * to_quad(b))));
+}
+
 template <class Compute, class T>
-void check_multiply(const std::vector<T>& data, Compute c, std::size_t offset, std::size_t n) {
+void check_multiply(const std::vector<T>& data, Compute c, std::size_t offset, std::size_t n, bool reference = true) {
+  if (reference) {  // the portable kernel against the binary128 reference
+    SCOPED_TRACE("portable c=" + std::to_string(static_cast<double>(c)) + " n=" + std::to_string(n) +
+                 " offset=" + std::to_string(offset));
+    auto got = data;
+    portable::multiply<Compute>(got.data() + offset, n, c);
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      const bool inside = i >= offset && i < offset + n;
+      const double want = inside ? multiplied(data[i], c) : static_cast<double>(data[i]);
+      const double value = static_cast<double>(got[i]);
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(value)) << "element " << i;
+      } else {
+        ASSERT_EQ(value, want) << "element " << i << ": " << static_cast<double>(data[i]) << " * " << c;
+        ASSERT_EQ(std::signbit(value), std::signbit(want)) << "element " << i;
+      }
+    }
+  }
   for (isa target : vector_isas()) {
     SCOPED_TRACE(name_of(target) + " c=" + std::to_string(static_cast<double>(c)) + " n=" + std::to_string(n) +
                  " offset=" + std::to_string(offset));
@@ -250,21 +365,23 @@ TYPED_TEST(Kernels, MultiplyMatchesPortableBitForBit) {
     using Compute = decltype(compute);
     for (Compute c : {Compute(0.3), Compute(1.0) / Compute(3), Compute(1e-3), Compute(0)})
       for (std::size_t n : lengths)
-        for (std::size_t offset = 0; offset < 4; ++offset) check_multiply<Compute>(data, c, offset, n);
+        for (std::size_t offset = 0; offset < 4; ++offset)  // the reference once per c: element by element
+          check_multiply<Compute>(data, c, offset, n, n == longest && offset == 0);
   });
 }
 
-TYPED_TEST(Kernels, MultiplyRoundsEverySixteenBitPatternLikeEigen) {
+template <class T>
+class SixteenBitKernels : public ::testing::Test {};
+using SixteenBitTypes = ::testing::Types<Eigen::half, Eigen::bfloat16>;
+TYPED_TEST_SUITE(SixteenBitKernels, SixteenBitTypes);
+
+TYPED_TEST(SixteenBitKernels, MultiplyRoundsEveryBitPatternLikeEigen) {
   using T = TypeParam;
-  if constexpr (sizeof(T) == 2) {
-    std::vector<T> all(65536);
-    for (std::uint32_t b = 0; b <= 0xffffu; ++b) all[b] = Eigen::numext::bit_cast<T>(static_cast<std::uint16_t>(b));
-    // Ties, overflow to inf, results in the subnormal range, and exact values.
-    for (float c : {0.75f, 1.0f / 3.0f, 1.00048828125f, 3e4f, 1e-5f, 1.0f, -1.0f})
-      check_multiply<float>(all, c, 0, all.size());
-  } else {
-    GTEST_SKIP() << "16-bit element types only";
-  }
+  std::vector<T> all(65536);
+  for (std::uint32_t b = 0; b <= 0xffffu; ++b) all[b] = Eigen::numext::bit_cast<T>(static_cast<std::uint16_t>(b));
+  // Ties, overflow to inf, results in the subnormal range, and exact values.
+  for (float c : {0.75f, 1.0f / 3.0f, 1.00048828125f, 3e4f, 1e-5f, 1.0f, -1.0f})
+    check_multiply<float>(all, c, 0, all.size());
 }
 
 TYPED_TEST(Kernels, MultiplyKeepsNanInfAndSubnormals) {
@@ -280,38 +397,6 @@ TYPED_TEST(Kernels, MultiplyKeepsNanInfAndSubnormals) {
     for (Compute c : {Compute(0.5), Compute(0), std::numeric_limits<Compute>::quiet_NaN(), Compute(3)})
       check_multiply<Compute>(data, c, 0, data.size());
   });
-}
-
-}  // namespace
-
-namespace {
-
-using gradclip_test::quad;
-using gradclip_test::to_quad;
-using gradclip_test::type_name;
-
-/// q rounded to T's precision and range, to nearest even, computed in binary128 (an independent
-/// reference for the division kernel).
-template <class T>
-double round_to(quad q) {
-  if (q == 0) return 0.0;
-  const bool negative = q < 0;
-  const quad a = negative ? -q : q;
-  const int digits = std::numeric_limits<T>::digits, emin = std::numeric_limits<T>::min_exponent - 1;
-  const quad overflow = quad(static_cast<double>(std::numeric_limits<T>::max())) +
-                        quad(std::ldexp(1.0, std::numeric_limits<T>::max_exponent - digits - 1));
-  if (a >= overflow) return negative ? -INFINITY : INFINITY;
-  int e = std::ilogb(static_cast<double>(a));
-  if (quad(std::ldexp(1.0, e)) > a) --e;
-  if (quad(std::ldexp(1.0, e + 1)) <= a) ++e;
-  e = std::max(e, emin);
-  const quad ulp = quad(std::ldexp(1.0, e - digits + 1));
-  const quad k = a / ulp;
-  auto whole = static_cast<std::int64_t>(k);  // floor: k >= 0 and below 2^(digits + 1)
-  const quad rest = k - quad(whole);
-  if (rest > quad(0.5) || (rest == quad(0.5) && whole % 2 != 0)) ++whole;
-  const double result = static_cast<double>(quad(whole) * ulp);
-  return negative ? -result : result;
 }
 
 }  // namespace

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/thread_pool.hpp>
 #include <gradclip/options.hpp>
 
 #include <unsupported/Eigen/CXX11/ThreadPool>
 
+#include <exception>
 #include <functional>
+#include <memory>
 #include <type_traits>
 #include <utility>
 
@@ -30,17 +33,24 @@ class eigen_executor final : public executor {
  public:
   explicit eigen_executor(Pool& pool) noexcept : pool_(pool) {}
 
-  /// Runs job(0) on the caller and the other jobs on the pool, then waits for them.
+  /// Runs job(k) for every k in [0, count) on the pool's threads and on the caller, and returns when all
+  /// have run. The caller runs every job no pool thread has started and waits only for started ones, so a
+  /// call made from the pool's own threads (a task that clips, with this pool as options::pool) never
+  /// deadlocks, even with every thread making one: tasks that start late find nothing left to do. If the
+  /// pool throws while scheduling, the caller runs every job, then rethrows.
   void run(unsigned count, const std::function<void(unsigned)>& job) const override {
-    if (count == 0) return;
-    Eigen::Barrier barrier(count - 1);
-    for (unsigned k = 1; k < count; ++k)
-      schedule([&job, &barrier, k] {
-        job(k);
-        barrier.Notify();
-      });
-    job(0);
-    barrier.Wait();
+    if (count <= 1) {
+      if (count == 1) job(0);
+      return;
+    }
+    const auto jobs = std::make_shared<detail::job_set>(count, job);
+    std::exception_ptr failure;
+    try {
+      for (unsigned k = 1; k < count; ++k) schedule([jobs] { jobs->run_all(); });
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    jobs->finish(failure);
   }
 
  private:

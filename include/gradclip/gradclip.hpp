@@ -2,6 +2,7 @@
 // This umbrella header includes the whole core; mpi.hpp and torch.hpp are included separately.
 #pragma once
 
+#include <gradclip/adagc.hpp>
 #include <gradclip/adaptive_bound.hpp>
 #include <gradclip/adaptive_clip.hpp>
 #include <gradclip/autoclip.hpp>
@@ -18,5 +19,6 @@
 #include <gradclip/per_example.hpp>
 #include <gradclip/policies.hpp>
 #include <gradclip/spike_skip.hpp>
+#include <gradclip/update_clip.hpp>
 #include <gradclip/version.hpp>
 #include <gradclip/zclip.hpp>

@@ -35,8 +35,15 @@ inline constexpr norm_type l1_norm{1.0};                                       /
 inline constexpr norm_type l2_norm{2.0};                                       ///< the default norm
 inline constexpr norm_type inf_norm{std::numeric_limits<double>::infinity()};  ///< max magnitude
 
-/// Threads the caller already has, for options::executor (e.g. an Eigen::ThreadPoolDevice through
-/// gradclip::eigen_executor, eigen_executor.hpp). gradclip only asks it to run jobs and wait for them.
+/// Threads the caller already has, for options::pool (e.g. an Eigen::ThreadPoolDevice through
+/// gradclip::eigen_executor, eigen_executor.hpp). gradclip only asks it to run jobs and wait for them,
+/// and stays correct whatever it does: the jobs are interchangeable, each call of `job` runs one that has
+/// not started yet (or nothing, once all have), and when run() returns or throws, the caller runs every
+/// job the executor did not start and waits for those it did. So each job runs exactly once, even if
+/// run() skips, repeats or leaves calls running. An exception from run() is rethrown after that: from a
+/// read pass (every norm, and the first pass of a clip) nothing has been written; from a write pass the
+/// gradients are completely written, as the call would have left them had it returned
+/// (docs/reliability.md, "Threads").
 class executor {
  public:
   virtual ~executor() = default;

@@ -37,6 +37,12 @@ inline void write_exact(std::ostream& out, std::size_t n) {
   out.flags(flags);
 }
 
+inline void write_exact(std::ostream& out, int n) {
+  const std::ios_base::fmtflags flags = out.flags();
+  out << ' ' << std::dec << std::noshowpos << n;
+  out.flags(flags);
+}
+
 inline void write_exact(std::ostream& out, bool b) { write_exact(out, static_cast<std::size_t>(b ? 1 : 0)); }
 
 inline void write_exact(std::ostream& out, const std::vector<double>& values) {
@@ -65,6 +71,13 @@ inline bool read_exact(std::istream& in, double& x) {
 }
 
 inline bool read_exact(std::istream& in, std::size_t& n) {
+  const std::ios_base::fmtflags flags = in.flags();
+  in >> std::dec >> n;
+  in.flags(flags);
+  return static_cast<bool>(in);
+}
+
+inline bool read_exact(std::istream& in, int& n) {
   const std::ios_base::fmtflags flags = in.flags();
   in >> std::dec >> n;
   in.flags(flags);
