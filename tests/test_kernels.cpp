@@ -123,9 +123,9 @@ double block_sums_bound() {
   namespace d = gradclip::detail;
   constexpr bool exact = d::exact_squares<T, Acc>;
   const double acc_unit = std::ldexp(1.0, -std::numeric_limits<Acc>::digits), fp64_unit = 0x1p-53;
-  const double in_chain = static_cast<double>(portable::chain<T, Acc>) - 1 + (exact ? 0 : 1);
-  const double carries = static_cast<double>(d::block_for<T> / portable::chunk<T, Acc>) - 1;
-  const double in_fp64 = carries + std::log2(static_cast<double>(portable::lanes<Acc>)) + 2;
+  const double in_chain = static_cast<double>(d::chain<T, Acc>) - 1 + (exact ? 0 : 1);
+  const double carries = static_cast<double>(d::block_for<T> / d::chunk<T, Acc>) - 1;
+  const double in_fp64 = carries + std::log2(static_cast<double>(d::lanes<Acc>)) + 2;
   if (std::is_same_v<Acc, double>) return gamma_of(in_chain + in_fp64, fp64_unit);
   return (1 + gamma_of(in_chain, acc_unit)) * (1 + gamma_of(in_fp64, fp64_unit)) - 1;
 }
@@ -141,10 +141,14 @@ void check_block_sums_accuracy(const std::vector<T>& data, std::size_t offset, s
   for (isa target : all_isas()) {
     SCOPED_TRACE(name_of(target) + " n=" + std::to_string(n) + " offset=" + std::to_string(offset));
     std::size_t done = 0;
-    const double sum = gradclip::detail::block_sums<Acc, false>(target, data.data() + offset, n, 0.0, done);
+    const double sum = with_isa(target, [&](auto k) {
+      return decltype(k)::template block_sums<Acc, false>(data.data() + offset, n, 0.0, done);
+    });
     EXPECT_EQ(done, n);
     EXPECT_LE(gradclip_test::relative_error(sum, exact), bound);
-    const double ranged = gradclip::detail::block_sums<Acc, true>(target, data.data() + offset, n, 0x1p-40, done);
+    const double ranged = with_isa(target, [&](auto k) {
+      return decltype(k)::template block_sums<Acc, true>(data.data() + offset, n, 0x1p-40, done);
+    });
     EXPECT_EQ(done, n);  // random values in [-1, 1]: every block is summed unscaled
     EXPECT_LE(gradclip_test::relative_error(ranged, exact), bound);
   }

@@ -5,7 +5,7 @@
 
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/exact_io.hpp>
-#include <gradclip/detail/pipeline.hpp>
+#include <gradclip/pipeline.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
@@ -163,45 +163,17 @@ class adagc {
 
 namespace detail {
 
-/// Every tensor's part of options::norm and the group's, from one read pass over the fixed pieces
-/// (threaded as reduce() is), merged in partition order: the bits reduce() gives for each tensor alone
-/// and for the whole group.
-template <class Policy, class Grads>
-partial_norm tensor_parts(Grads& grads, const options& opt, std::vector<partial_norm>& parts) {
-  const double order = opt.norm.p();
-  const partial_norm empty{0, 0.0, true, order};
-  partial_norm global = empty;
-  parts.clear();
-  unsigned threads = 1;
-  const std::vector<const_grad_view> pieces = pieces_for_threads<const_grad_view>(grads, opt.threads, threads);
-  std::vector<partial_norm> piece_parts;
-  if (threads > 1) {
-    piece_parts.resize(pieces.size());
-    run_pieces(pieces, threads, opt.pool, [&](std::size_t i) {
-      piece_parts[i] = pieces[i].visit([&](const auto& piece) { return reduce_piece<Policy>(piece, order); });
-    });
-  }
-  std::size_t k = 0;
-  for (auto& g : grads) {
-    partial_norm part = empty;
-    single<std::remove_reference_t<decltype(g)>> one{&g};
-    for_each_piece(one, [&](const auto& piece) {
-      const partial_norm p = threads > 1 ? piece_parts[k++] : reduce_piece<Policy>(piece, order);
-      part.merge(p);
-      global.merge(p);
-    });
-    parts.push_back(part);
-  }
-  return global;
-}
-
 template <class Policy, class Grads, class Reduce>
 std::vector<clip_result> clip_per_tensor(const char* function, Grads& grads, adagc& controller, const options& opt,
                                          Reduce&& reduce_global) {
   check_group<Grads&>();
   check_options(function, opt);
+  // One read pass: every tensor's part and the group's (the bits clip_by_global_norm reduces).
+  const whole_group<Grads> group{grads};
+  const per_gradient<Grads> tensors{grads};
   std::vector<partial_norm> parts;
-  partial_norm global = tensor_parts<Policy>(grads, opt, parts);
+  partial_norm global = reduce_units<Policy>(group, opt, &parts)[0];
+  parts.resize(tensors.units(), partial_norm{0, 0.0, true, opt.norm.p()});
   const std::size_t count = parts.size();
   if (count == 0 && controller.tensors() == 0) return {};
   controller.bind(function, count);
@@ -215,8 +187,9 @@ std::vector<clip_result> clip_per_tensor(const char* function, Grads& grads, ada
       throw std::invalid_argument(std::string(function) + ": the reduced global norm is of p = " +
                                   std::to_string(global.p) + ", options::norm of p = " + std::to_string(opt.norm.p()));
     finite = finite && global.finite;
-    const clip_plan plan = plan_clip(function, global, controller.config().lambda_abs, opt);
-    if (plan.result.clipped) apply<Policy>(grads, plan.coefficient, opt);
+    const std::array<clip_plan, 1> plan_of_group{plan_clip(function, global, controller.config().lambda_abs, opt)};
+    const clip_plan& plan = plan_of_group[0];
+    apply_units<Policy>(group, plan_of_group, opt);
     for (std::size_t i = 0; i < count; ++i) {
       results.push_back(plan.result);
       results[i].norm = parts[i].norm();
@@ -234,14 +207,10 @@ std::vector<clip_result> clip_per_tensor(const char* function, Grads& grads, ada
           skip_all ? clip_plan{{parts[i].norm(), 1.0, false, parts[i].finite, std::numeric_limits<double>::infinity()},
                                scaled{1.0, 0}}
                    : plan_clip(function, parts[i], controller.threshold(i), opt));
-    std::size_t i = 0;
-    for (auto& g : grads) {
-      if (plans[i].result.clipped) {
-        single<std::remove_reference_t<decltype(g)>> one{&g};
-        apply<Policy>(one, plans[i].coefficient, opt);
-        coefficients[i] = plans[i].coefficient;
-      }
-      results.push_back(plans[i++].result);
+    apply_units<Policy>(tensors, plans, opt);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (plans[i].result.clipped) coefficients[i] = plans[i].coefficient;
+      results.push_back(plans[i].result);
     }
   }
   if (finite) {  // a step with any non-finite norm never enters the statistics

@@ -295,32 +295,40 @@ void reduce_columns(const piece<T>& p, double order, partial_norm* out) {
   });
 }
 
-/// Merges the parts of one piece into the units' parts.
+/// Merges the parts of one piece into the units' parts, and into its tensor's part when `tensors` is given.
 template <class Parts>
-void merge_piece(Parts& parts, std::size_t first, const partial_norm* piece_parts, std::size_t count) {
+void merge_piece(Parts& parts, std::vector<partial_norm>* tensors, std::size_t first, std::size_t tensor,
+                 const partial_norm* piece_parts, std::size_t count, double order) {
   for (std::size_t u = 0; u < count; ++u) parts[first + u].merge(piece_parts[u]);
+  if (!tensors) return;
+  if (tensors->size() <= tensor) tensors->resize(tensor + 1, partial_norm{0, 0.0, true, order});
+  for (std::size_t u = 0; u < count; ++u) (*tensors)[tensor].merge(piece_parts[u]);
 }
 
-/// The parts of every unit of the layout, of kind options::norm, each merged in piece order.
+/// The parts of every unit of the layout, of kind options::norm, each merged in piece order; with
+/// `tensors`, also each gradient's own part (tensors[k] for the pieces of gradient k, merged in the same
+/// order), from the same pass.
 template <class Policy, class Layout>
-unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, const options& opt) {
+unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, const options& opt,
+                                                       std::vector<partial_norm>* tensors = nullptr) {
   const double order = opt.norm.p();
   unit_parts<is_single_unit<Layout>::value> parts(layout.units(), order);
+  if (tensors) tensors->clear();
   const auto reduce_one = [&](const auto& p, auto&& sink) {
     if (!p.interleaved) {
       const partial_norm part = reduce_view<Policy>(p.view, order);
-      return sink(p.unit, &part, 1);
+      return sink(&part, 1);
     }
     std::vector<partial_norm> columns(p.units());
     reduce_columns<Policy>(p, order, columns.data());
-    sink(p.unit, columns.data(), columns.size());
+    sink(columns.data(), columns.size());
   };
   unsigned threads = 1;
   const auto pieces = pieces_for_threads<true>(layout, opt.threads, threads);
   if (threads <= 1) {
     layout.for_each_piece([&](const auto& p) {
-      reduce_one(p, [&](std::size_t first, const partial_norm* piece_parts, std::size_t count) {
-        merge_piece(parts, first, piece_parts, count);
+      reduce_one(p, [&](const partial_norm* piece_parts, std::size_t count) {
+        merge_piece(parts, tensors, p.unit, p.tensor, piece_parts, count, order);
       });
     });
     return parts;
@@ -328,13 +336,15 @@ unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, con
   std::vector<std::vector<partial_norm>> results(pieces.size());
   run_pieces(pieces, threads, opt.pool, [&](std::size_t i) {
     pieces[i].visit([&](const auto& p) {
-      reduce_one(p, [&](std::size_t, const partial_norm* piece_parts, std::size_t count) {
+      reduce_one(p, [&](const partial_norm* piece_parts, std::size_t count) {
         results[i].assign(piece_parts, piece_parts + count);
       });
     });
   });
   for (std::size_t i = 0; i < pieces.size(); ++i)
-    pieces[i].visit([&](const auto& p) { merge_piece(parts, p.unit, results[i].data(), results[i].size()); });
+    pieces[i].visit([&](const auto& p) {
+      merge_piece(parts, tensors, p.unit, p.tensor, results[i].data(), results[i].size(), order);
+    });
   return parts;
 }
 

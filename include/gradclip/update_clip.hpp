@@ -4,7 +4,7 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
-#include <gradclip/detail/pipeline.hpp>
+#include <gradclip/pipeline.hpp>
 #include <gradclip/detail/update_kernels.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
@@ -35,13 +35,6 @@ inline void check_rms_arguments(const char* function, double max_rms, const opti
 template <class G>
 std::size_t element_count(G& g) {
   return visit_gradient(g, [](const auto& view) { return view.size(); });
-}
-
-/// The plan of one update's RMS clip, decided before anything is written.
-template <class Policy, class Update>
-clip_plan plan_rms_clip(const char* function, Update& update, double max_rms, const options& opt) {
-  single<Update> one{&update};
-  return plan_clip(function, rms_part(reduce<Policy>(one, opt), element_count(update)), max_rms, opt);
 }
 
 template <class G, class = void>
@@ -204,18 +197,22 @@ template <class Policy = robust, class Updates, class = std::enable_if_t<detail:
 std::vector<clip_result> clip_updates_by_rms(Updates&& updates, double max_rms, const options& opt = {}) {
   constexpr const char* function = "gradclip::clip_updates_by_rms";
   detail::check_rms_arguments(function, max_rms, opt);
-  std::vector<detail::clip_plan> plans;
-  for (auto& u : updates) plans.push_back(detail::plan_rms_clip<Policy>(function, u, max_rms, opt));
+  const detail::per_gradient<std::remove_reference_t<Updates>> layout{updates};
+  const auto plans = detail::run_units(
+      function, layout, detail::fixed_threshold{max_rms}, opt,
+      [&] {
+        auto parts = detail::reduce_units<Policy>(layout, opt);
+        std::size_t k = 0;
+        for (auto& u : updates) {
+          parts[k] = detail::rms_part(parts[k], detail::element_count(u));
+          ++k;
+        }
+        return parts;
+      },
+      [&](const auto& unit_plans) { detail::apply_units<Policy>(layout, unit_plans, opt); });
   std::vector<clip_result> results;
   results.reserve(plans.size());
-  std::size_t i = 0;
-  for (auto& u : updates) {
-    if (plans[i].result.clipped) {
-      detail::single<std::remove_reference_t<decltype(u)>> one{&u};
-      detail::apply<Policy>(one, plans[i].coefficient, opt);
-    }
-    results.push_back(plans[i++].result);
-  }
+  for (const auto& plan : plans) results.push_back(plan.result);
   return results;
 }
 
