@@ -2,7 +2,10 @@
 """Compiles the C++ in README.md and docs/*.md, and checks the outputs they show.
 
   doc_snippets.py extract --root SRC --out DIR FILE.md...   writes the sources and DIR/snippets.cmake
-  doc_snippets.py check --expected FILE [--excerpt] -- COMMAND...   runs COMMAND, compares its stdout
+  doc_snippets.py check [--expected FILE [--excerpt]] [--launcher N] -- COMMAND...
+      runs COMMAND and compares its stdout with FILE. With GRADCLIP_EMULATOR set (e.g. "qemu-x86_64 -cpu
+      Nehalem"), the program runs under that emulator: its words go before COMMAND's word N (0: the
+      program; N > 0 when the first N words launch it, as `mpiexec -n 4 --oversubscribe` does).
 
 Conventions in the markdown (docs/development.md, "Code in the docs"):
 - A ```cpp block with `int main(` is a program: built on its own with strict warnings and run. If the
@@ -20,6 +23,7 @@ Conventions in the markdown (docs/development.md, "Code in the docs"):
 import argparse
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -206,10 +210,18 @@ def extract(args):
 
 
 def check(args):
-    run = subprocess.run(args.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = list(args.command)
+    emulator = shlex.split(os.environ.get("GRADCLIP_EMULATOR", ""))
+    if not 0 <= args.launcher < len(command):
+        sys.exit(f"--launcher {args.launcher}: the command has {len(command)} words")
+    command[args.launcher : args.launcher] = emulator
+    run = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if run.returncode != 0:
         sys.stderr.write(run.stderr)
-        sys.exit(f"{' '.join(args.command)} exited with {run.returncode}")
+        sys.exit(f"{' '.join(command)} exited with {run.returncode}")
+    if args.expected is None:
+        print(f"{' '.join(command)} ran")
+        return
     with open(args.expected, encoding="utf-8") as f:
         expected = f.read().rstrip("\n").split("\n")
     actual = run.stdout.rstrip("\n").split("\n")
@@ -224,7 +236,7 @@ def check(args):
             k += 1
     elif strip != [s.rstrip() for s in expected]:
         sys.exit("the documented output:\n" + "\n".join(expected) + "\ndiffers from the program's:\n" + run.stdout)
-    print(f"the documented output ({len(expected)} lines) is what the program prints")
+    print(f"the documented output ({len(expected)} lines) is what {' '.join(command)} prints")
 
 
 def main():
@@ -235,8 +247,9 @@ def main():
     e.add_argument("--out", required=True)
     e.add_argument("files", nargs="+")
     c = commands.add_parser("check")
-    c.add_argument("--expected", required=True)
+    c.add_argument("--expected")
     c.add_argument("--excerpt", action="store_true")
+    c.add_argument("--launcher", type=int, default=0)
     c.add_argument("command", nargs="+")
     args = parser.parse_args()
     extract(args) if args.command_name == "extract" else check(args)

@@ -20,6 +20,7 @@ if(NOT doc_result EQUAL 0)
   message(FATAL_ERROR "scripts/doc_snippets.py: ${doc_error}")
 endif()
 include(${doc_dir}/snippets.cmake)
+include(${PROJECT_SOURCE_DIR}/cmake/cpu_independent.cmake)
 
 # Fragments are compiled, not linked: the prelude only declares what they use. Strict warnings, except
 # those a fragment cannot avoid (it shadows the prelude's names, and shows results it does not use).
@@ -29,6 +30,7 @@ function(gradclip_doc_fragments name)
   target_link_libraries(${name} PRIVATE gradclip::gradclip)
   target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   gradclip_strict_warnings(${name})
+  gradclip_cpu_independent(${name})
   target_compile_options(${name} PRIVATE ${doc_fragment_warnings})
 endfunction()
 add_custom_target(docs_snippets ALL)
@@ -48,8 +50,10 @@ if(doc_fragments_torch AND GRADCLIP_WITH_TORCH)
 endif()
 
 # Programs: built everywhere their tag's dependency is found; run (and their output compared) where they
-# need no MPI or libtorch, and not under a cross-compiling emulator, whose arithmetic (arm64 contracts
-# a * b + c into fused multiply-adds) need not print the digits measured on x86-64.
+# need no MPI or libtorch, and not when cross-compiling (arm64 contracts a * b + c into fused
+# multiply-adds in Eigen's products, so it need not print the digits measured on x86-64). Every run goes
+# through doc_snippets.py check, so that GRADCLIP_EMULATOR (scripts/qemu_x86_64.sh) runs them all under
+# another x86-64 CPU model.
 set(doc_check ${GRADCLIP_PYTHON3} ${PROJECT_SOURCE_DIR}/scripts/doc_snippets.py check)
 foreach(name IN LISTS doc_programs)
   set(tag ${doc_program_${name}_tag})
@@ -59,18 +63,18 @@ foreach(name IN LISTS doc_programs)
   add_executable(docs_program_${name} ${doc_dir}/${name}.cpp)
   target_link_libraries(docs_program_${name} PRIVATE gradclip::gradclip)
   gradclip_strict_warnings(docs_program_${name})
+  gradclip_cpu_independent(docs_program_${name})
   add_dependencies(docs_snippets docs_program_${name})
   if(tag STREQUAL "mpi")
     target_link_libraries(docs_program_${name} PRIVATE MPI::MPI_CXX)
   elseif(tag STREQUAL "torch")
     target_link_libraries(docs_program_${name} PRIVATE ${TORCH_LIBRARIES})
   elseif(NOT CMAKE_CROSSCOMPILING)
-    set(expected ${doc_program_${name}_expected})
-    if(expected)
-      add_test(NAME docs_program_${name} COMMAND ${doc_check} --expected ${expected} -- $<TARGET_FILE:docs_program_${name}>)
-    else()
-      add_test(NAME docs_program_${name} COMMAND docs_program_${name})
+    set(expected)
+    if(doc_program_${name}_expected)
+      set(expected --expected ${doc_program_${name}_expected})
     endif()
+    add_test(NAME docs_program_${name} COMMAND ${doc_check} ${expected} -- $<TARGET_FILE:docs_program_${name}>)
   endif()
 endforeach()
 
@@ -88,17 +92,21 @@ if(GRADCLIP_BUILD_EXAMPLES AND NOT CMAKE_CROSSCOMPILING)
       set(excerpt --excerpt)
     endif()
     set(command $<TARGET_FILE:${target}> ${doc_output_${name}_args})
+    set(launcher)
     if(doc_output_${name}_ranks)
       if(NOT MPI_CXX_FOUND)
         continue()
       endif()
-      set(command ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${doc_output_${name}_ranks} ${gradclip_mpiexec_flags}
-                  ${MPIEXEC_PREFLAGS} ${command} ${MPIEXEC_POSTFLAGS})
+      set(launcher ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${doc_output_${name}_ranks} ${gradclip_mpiexec_flags}
+                   ${MPIEXEC_PREFLAGS})
+      set(command ${launcher} ${command} ${MPIEXEC_POSTFLAGS})
     endif()
+    list(LENGTH launcher launcher_words)
     # Each in a directory of its own: examples write files (logs) into the working directory.
     file(MAKE_DIRECTORY ${doc_dir}/run_${name})
-    add_test(NAME docs_output_${name} COMMAND ${doc_check} --expected ${doc_output_${name}_expected} ${excerpt} --
-                                              ${command} WORKING_DIRECTORY ${doc_dir}/run_${name})
+    add_test(NAME docs_output_${name}
+             COMMAND ${doc_check} --expected ${doc_output_${name}_expected} ${excerpt} --launcher ${launcher_words} --
+                     ${command} WORKING_DIRECTORY ${doc_dir}/run_${name})
     if(doc_output_${name}_ranks)
       set_tests_properties(docs_output_${name} PROPERTIES ENVIRONMENT "${gradclip_mpiexec_environment}" PROCESSORS
                                                           ${doc_output_${name}_ranks} TIMEOUT 300)

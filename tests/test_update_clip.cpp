@@ -414,6 +414,18 @@ TEST(UpdateClip, StableAdamwFactorThreadsGiveTheSameBits) {
   }
 }
 
+// The kernels' own FP16 widening (integer masks, so that it vectorizes) against Eigen's, every pattern.
+TEST(UpdateClip, KernelsWidenEveryFp16PatternExactly) {
+  for (std::uint32_t bits = 0; bits < 0x10000u; ++bits) {
+    const auto h = Eigen::numext::bit_cast<Eigen::half>(static_cast<std::uint16_t>(bits));
+    const double got = gradclip::detail::widen_exact(h), expected = static_cast<float>(h);
+    if (std::isnan(expected))
+      ASSERT_TRUE(std::isnan(got)) << bits;
+    else
+      ASSERT_TRUE(got == expected && std::signbit(got) == std::signbit(expected)) << bits;
+  }
+}
+
 // ---- spam_clip
 
 // The reference's test in binary128, where theta * v and g^2 are exact: g^2 > theta v with v > 0.

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <type_traits>
@@ -128,6 +129,25 @@ R reduce_pieces(std::size_t n, std::size_t element_bytes, const options& opt, R 
 #pragma GCC optimize("fp-contract=off")
 #endif
 
+/// An element widened to FP64 exactly, FP16 by integer masks that vectorize (element.hpp's conversion
+/// does not, with GCC 12) and without subnormal float arithmetic, so flush-to-zero modes do not change it.
+template <class T>
+inline double widen_exact(T x) noexcept {
+  if constexpr (std::is_same_v<std::remove_const_t<T>, Eigen::half>) {
+    const std::uint32_t h = Eigen::numext::bit_cast<std::uint16_t>(x);
+    const std::uint32_t magnitude = h & 0x7fffu, exponent = magnitude >> 10;
+    const std::uint32_t normal = (magnitude << 13) + 0x38000000u, special = (magnitude << 13) | 0x7f800000u;
+    const std::uint32_t subnormal = bits_of(static_cast<float>(static_cast<std::int32_t>(magnitude)) * 0x1p-24f);
+    const std::uint32_t is_subnormal = 0u - static_cast<std::uint32_t>(exponent == 0);
+    const std::uint32_t is_special = 0u - static_cast<std::uint32_t>(exponent == 31);
+    const std::uint32_t bits =
+        (subnormal & is_subnormal) | (special & is_special) | (normal & ~(is_subnormal | is_special));
+    return static_cast<double>(float_from_bits(bits | ((h & 0x8000u) << 16)));
+  } else {
+    return widen<double>(x);
+  }
+}
+
 /// StableAdamW's sum, sum_j g_j^2 / max(v_j, eps^2), as a part of p = 1 (sum * 2^exponent), and whether
 /// an input was NaN or infinite (`witness`: the first such value, in element order).
 struct quotient_sum {
@@ -172,11 +192,11 @@ quotient_sum quotient_block(const T* g, const V* v, std::size_t m, double eps_sq
   std::size_t i = 0;
   for (; i + L <= m; i += L)
     for (std::size_t j = 0; j < L; ++j) {
-      const double x = widen<double>(g[i + j]), w = widen<double>(v[i + j]);
+      const double x = widen_exact(g[i + j]), w = widen<double>(v[i + j]);
       acc[j] += x * x / std::max(w, eps_squared) + w * 0.0;
     }
   for (std::size_t j = 0; i + j < m; ++j) {
-    const double x = widen<double>(g[i + j]), w = widen<double>(v[i + j]);
+    const double x = widen_exact(g[i + j]), w = widen<double>(v[i + j]);
     acc[j] += x * x / std::max(w, eps_squared) + w * 0.0;
   }
   for (std::size_t width = L / 2; width > 0; width /= 2)
@@ -248,13 +268,40 @@ bool spam_element(T& g, double w, double theta, on_nonfinite nonfinite) noexcept
   return true;
 }
 
-/// spam_clip on one block: one vectorized pass counts the elements spam_clear does not clear; only a
-/// block with such elements is visited again, element by element. Returns how many it clipped.
+/// spam_clear in FP32, twice the lanes, for FP32 (and narrower) g and v with theta a normal float far
+/// from its range's ends: g^2 and theta * v then round three times at most (2^-24 each), far inside the
+/// margin, and cannot overflow or lose bits to underflow where they are compared.
+inline bool spam_clear_float(float x, float w, float theta) noexcept {
+  constexpr float margin = 1 - 0x1p-20f;
+  const float square = x * x, t = theta * w;
+  const auto bit = [](bool b) { return static_cast<unsigned>(b); };
+  const unsigned finite = bit(x - x == 0) & bit(w - w == 0);
+  const unsigned below =
+      bit(square <= t * margin) & bit(square <= std::numeric_limits<float>::max()) & bit(t >= 0x1p-100f);
+  return (finite & (bit(w <= 0) | bit(x == 0) | below)) != 0;
+}
+
+/// The elements of a block that spam_clear does not clear, counted by a loop that vectorizes.
+template <class T, class V>
+unsigned spam_unclear(const T* g, const V* v, std::size_t m, double theta) noexcept {
+  unsigned unclear = 0;
+  const float theta_float = static_cast<float>(theta);
+  if constexpr (sizeof(T) <= 4 && std::is_same_v<std::remove_const_t<V>, float>) {
+    if (theta_float >= 0x1p-20f && theta_float <= 0x1p20f) {
+      for (std::size_t i = 0; i < m; ++i)
+        unclear += !spam_clear_float(static_cast<float>(widen_exact(g[i])), v[i], theta_float);
+      return unclear;
+    }
+  }
+  for (std::size_t i = 0; i < m; ++i) unclear += !spam_clear(widen_exact(g[i]), widen<double>(v[i]), theta);
+  return unclear;
+}
+
+/// spam_clip on one block: one vectorized pass counts the elements it cannot clear; only a block with
+/// such elements is visited again, element by element. Returns how many it clipped.
 template <class T, class V>
 std::size_t spam_block(T* g, const V* v, std::size_t m, double theta, on_nonfinite nonfinite) noexcept {
-  std::size_t unclear = 0;
-  for (std::size_t i = 0; i < m; ++i) unclear += !spam_clear(widen<double>(g[i]), widen<double>(v[i]), theta);
-  if (unclear == 0) return 0;
+  if (spam_unclear(g, v, m, theta) == 0) return 0;
   std::size_t clipped = 0;
   for (std::size_t i = 0; i < m; ++i) {
     const double w = widen<double>(v[i]);
