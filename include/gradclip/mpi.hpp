@@ -128,25 +128,10 @@ struct agreement {
   std::array<std::uint64_t, 11> words;
 };
 
-/// Validates the arguments on every rank and reduces the local gradients, then agrees in one MAX
-/// all-reduce on: the exponent (sums) or the maximum's bits (max norm), the lowest and highest rank whose
-/// arguments are bad, and each argument with its complement (the MAX of a complement is the complement
-/// of the minimum, so max == ~max(~x) exactly when every rank passed the same value). Throws
-/// std::invalid_argument on every rank, naming the offending ranks, before anything is modified.
-template <class Policy, class Grads>
-agreement agree(const char* function, MPI_Comm own, const Grads& local_grads, double max_norm, const options& opt) {
-  int rank = 0;
-  check(MPI_Comm_rank(own, &rank), function, "MPI_Comm_rank");
-  std::string problem;
-  try {
-    gradclip::detail::check_clip_arguments(function, max_norm, opt);
-  } catch (const std::invalid_argument& e) {
-    problem = std::string(function) + ": rank " + std::to_string(rank) + ": " +
-              std::string(e.what()).substr(std::string(function).size() + 2);
-  }
+/// agree's all-reduce and checks, after the local reduction.
+inline void agree_on_arguments(const char* function, MPI_Comm own, agreement& a, const std::string& problem, int rank,
+                               double max_norm, const options& opt) {
   const double order = opt.norm.p();
-  agreement a{problem.empty() ? gradclip::detail::reduce<Policy>(local_grads, opt) : partial_norm{0, 0.0, true, order},
-              {}};
   const std::uint64_t bad = problem.empty() ? 0u : static_cast<std::uint64_t>(rank) + 1;
   const std::uint64_t head = std::isinf(order) ? max_word(a.local) : exponent_word(a.local.reduction_exponent());
   const auto mode = static_cast<std::uint64_t>(opt.nonfinite);
@@ -174,8 +159,36 @@ agreement agree(const char* function, MPI_Comm own, const Grads& local_grads, do
     if (a.words[i] != ~a.words[i + 1])
       throw std::invalid_argument(std::string(function) +
                                   ": max_norm and options must be the same on every rank of comm");
+}
+
+/// Validates the arguments on every rank and reduces the local gradients, then agrees in one MAX
+/// all-reduce on: the exponent (sums) or the maximum's bits (max norm), the lowest and highest rank whose
+/// arguments are bad, and each argument with its complement (the MAX of a complement is the complement
+/// of the minimum, so max == ~max(~x) exactly when every rank passed the same value). Throws
+/// std::invalid_argument on every rank, naming the offending ranks, before anything is modified.
+template <class Policy, class Grads>
+agreement agree(const char* function, MPI_Comm own, const Grads& local_grads, double max_norm, const options& opt) {
+  int rank = 0;
+  check(MPI_Comm_rank(own, &rank), function, "MPI_Comm_rank");
+  std::string problem;
+  try {
+    gradclip::detail::check_clip_arguments(function, max_norm, opt);
+  } catch (const std::invalid_argument& e) {
+    problem = std::string(function) + ": rank " + std::to_string(rank) + ": " +
+              std::string(e.what()).substr(std::string(function).size() + 2);
+  }
+  const double order = opt.norm.p();
+  agreement a{problem.empty() ? gradclip::detail::reduce<Policy>(local_grads, opt) : partial_norm{0, 0.0, true, order},
+              {}};
+  try {
+    agree_on_arguments(function, own, a, problem, rank, max_norm, opt);
+  } catch (...) {
+    if (opt.report) gradclip::detail::report_staging::unstage(*opt.report);  // nothing is published
+    throw;
+  }
   return a;
 }
+
 
 /// The global part from the local one and the agreed first word. L1 and L2: the exact integer SUM of
 /// every rank's part at the common exponent, the same integers on every rank whatever the order MPI adds

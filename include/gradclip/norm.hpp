@@ -25,7 +25,7 @@ inline namespace GRADCLIP_ABI {
 template <class Policy = robust, class Grad, class = std::enable_if_t<detail::is_gradient_v<const Grad&>>>
 double norm(const Grad& g, const options& opt = {}) {
   detail::check_options("gradclip::norm", opt);
-  return detail::reduce<Policy>(detail::single<const Grad>{&g}, opt).norm();
+  return detail::reduce_and_report<Policy>(detail::single<const Grad>{&g}, opt).norm();
 }
 
 /// The norm of a raw buffer of `size` elements.
@@ -38,7 +38,7 @@ double norm(const T* data, std::size_t size, const options& opt = {}) {
 template <class Policy = robust, class Grads>
 partial_norm partial_global_norm(const Grads& grads, const options& opt = {}) {
   detail::check_options("gradclip::partial_global_norm", opt);
-  return detail::reduce<Policy>(grads, opt);
+  return detail::reduce_and_report<Policy>(grads, opt);
 }
 
 /// The norm of the concatenation of every gradient in the group (a range of gradients, which may mix
@@ -46,14 +46,14 @@ partial_norm partial_global_norm(const Grads& grads, const options& opt = {}) {
 template <class Policy = robust, class Grads, class = std::enable_if_t<detail::is_gradient_range_v<const Grads&>>>
 double global_norm(const Grads& grads, const options& opt = {}) {
   detail::check_options("gradclip::global_norm", opt);
-  return detail::reduce<Policy>(grads, opt).norm();
+  return detail::reduce_and_report<Policy>(grads, opt).norm();
 }
 
 /// The same for a braced list of gradients of any element types: global_norm({w, b}).
 template <class Policy = robust>
 double global_norm(std::initializer_list<const_grad_view> grads, const options& opt = {}) {
   detail::check_options("gradclip::global_norm", opt);
-  return detail::reduce<Policy>(grads, opt).norm();
+  return detail::reduce_and_report<Policy>(grads, opt).norm();
 }
 
 }  // namespace GRADCLIP_ABI

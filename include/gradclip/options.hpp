@@ -3,6 +3,7 @@
 
 #include <gradclip/detail/config.hpp>
 
+#include <cstddef>
 #include <functional>
 #include <limits>
 #include <stdexcept>
@@ -53,6 +54,8 @@ class executor {
 
 /// How every norm and clipping call runs. Aggregate: `{on_nonfinite::propagate, 1e-6}` is PyTorch's
 /// clip_grad_norm_, `{on_nonfinite::skip, 0.0, gradclip::inf_norm, 4}` the max norm on four threads.
+class tensor_report;  // report.hpp: one tensor_stats per gradient of a call
+
 struct options {
   on_nonfinite nonfinite = on_nonfinite::skip;
   /// Added to the norm in the denominator of the coefficient: clip when max_norm / (norm + epsilon) < 1.
@@ -64,15 +67,37 @@ struct options {
   unsigned threads = 1;
   /// Where those threads come from: gradclip's own persistent pool when null.
   const executor* pool = nullptr;
+  /// When set, the call also fills *report with one tensor_stats per gradient (report.hpp), from the same
+  /// read pass; the norm, the coefficient and every written bit are the same as without it.
+  tensor_report* report = nullptr;
 };
 
-/// Thrown with on_nonfinite::error when the norm is not finite. Nothing has been modified.
+/// Thrown with on_nonfinite::error when the norm is not finite. Nothing has been modified. It names the
+/// first gradient of the group (by its index) that holds a NaN or an Inf, with its counts; when no element
+/// is NaN or Inf (the norm itself overflowed, as naive's FP16 sum does) `tensor` is no_tensor.
 struct nonfinite_error : std::runtime_error {
+  static constexpr std::size_t no_tensor = static_cast<std::size_t>(-1);
+
   nonfinite_error(const std::string& function, double computed_norm)
       : std::runtime_error(function + ": the gradient norm is not finite (" + std::to_string(computed_norm) +
                            "); no gradient was modified"),
         norm(computed_norm) {}
-  double norm;  ///< the norm the policy computed: NaN or +inf
+  nonfinite_error(const std::string& function, double computed_norm, std::size_t first_tensor, std::size_t nan_count,
+                  std::size_t inf_count)
+      : std::runtime_error(function + ": the gradient norm is not finite (" + std::to_string(computed_norm) + "); " +
+                           (first_tensor == no_tensor
+                                ? std::string("no element is NaN or Inf (the norm overflowed)")
+                                : "gradient " + std::to_string(first_tensor) + " is the first with NaN or Inf (" +
+                                      std::to_string(nan_count) + " NaN, " + std::to_string(inf_count) + " Inf)") +
+                           "; no gradient was modified"),
+        norm(computed_norm),
+        tensor(first_tensor),
+        nan(nan_count),
+        inf(inf_count) {}
+  double norm;                     ///< the norm the policy computed: NaN or +inf
+  std::size_t tensor = no_tensor;  ///< the index of the first gradient holding NaN or Inf, or no_tensor
+  std::size_t nan = 0;             ///< that gradient's NaN elements
+  std::size_t inf = 0;             ///< that gradient's +-Inf elements
 };
 
 /// What a threshold controller decides for one step: the threshold to clip to (+inf: no clipping), or to

@@ -8,6 +8,7 @@
 // thread. Internal (namespace detail): the public calls are in norm.hpp, clip.hpp and the feature headers.
 #pragma once
 
+#include <gradclip/detail/census.hpp>
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/reduce.hpp>
 #include <gradclip/detail/scale.hpp>
@@ -18,6 +19,7 @@
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/policies.hpp>
+#include <gradclip/report.hpp>
 
 #include <algorithm>
 #include <array>
@@ -139,10 +141,11 @@ struct gradient_units {
   static constexpr bool single_unit = !PerGradient;
   std::size_t units() const {
     if constexpr (PerGradient)
-      return static_cast<std::size_t>(std::distance(std::begin(grads), std::end(grads)));
+      return tensor_count();
     else
       return 1;
   }
+  std::size_t tensor_count() const { return static_cast<std::size_t>(std::distance(std::begin(grads), std::end(grads))); }
   template <class F>
   void for_each_piece(F&& f) const {
     std::size_t k = 0;
@@ -240,11 +243,12 @@ template <class Layout>
 struct is_single_unit<Layout, std::enable_if_t<Layout::single_unit>> : std::true_type {};
 
 /// The partial norm of a piece that is one unit.
-template <class Policy, class T>
-partial_norm reduce_view(const strided_view<T>& view, double order) {
-  if (view.outer_size == 1 && view.inner_stride == 1) return reduce_run<Policy>(view.data, view.inner_size, order);
+template <class Policy, class T, class Observe = no_observer>
+partial_norm reduce_view(const strided_view<T>& view, double order, Observe&& observe = {}) {
+  if (view.outer_size == 1 && view.inner_stride == 1)
+    return reduce_run<Policy>(view.data, view.inner_size, order, observe);
   partial_norm part{0, 0.0, true, order};
-  view.for_each_run([&](const auto* p, std::size_t n) { part.merge(reduce_run<Policy>(p, n, order)); });
+  view.for_each_run([&](const auto* p, std::size_t n) { part.merge(reduce_run<Policy>(p, n, order, observe)); });
   return part;
 }
 
@@ -305,46 +309,102 @@ void merge_piece(Parts& parts, std::vector<partial_norm>* tensors, std::size_t f
   for (std::size_t u = 0; u < count; ++u) (*tensors)[tensor].merge(piece_parts[u]);
 }
 
+/// The number of gradients of a layout whose pieces are whole gradients or slices of them, in the order
+/// of options::report; 0 for layouts whose pieces read other tensors too (no report).
+template <class Layout, class = void>
+struct reports_tensors : std::false_type {};
+template <class Layout>
+struct reports_tensors<Layout, std::void_t<decltype(std::declval<const Layout&>().tensor_count())>>
+    : std::true_type {};
+
+/// The census of a piece, in the same pass as its norm where the kernels allow (reduce_run).
+template <class T>
+struct piece_census {
+  census counts;
+  void operator()(const T* p, std::size_t n) noexcept { counts.merge(count_elements(p, n)); }
+};
+
+/// Fills the staged report's entries from the gradients' parts and censuses.
+inline void finish_report(tensor_report& report) noexcept {
+  auto& stats = report_staging::stats(report);
+  const auto& parts = report_staging::parts(report);
+  for (std::size_t k = 0; k < stats.size(); ++k) {
+    stats[k].norm = parts[k].norm();
+    if (stats[k].nan) stats[k].max_abs = std::numeric_limits<double>::quiet_NaN();
+  }
+}
+
+inline void add_census(tensor_stats& t, const census& c) noexcept {
+  t.size += c.size, t.nan += c.nan, t.inf += c.inf, t.zeros += c.zeros, t.subnormals += c.subnormals;
+  t.max_abs = std::max(t.max_abs, c.max_abs);
+}
+
 /// The parts of every unit of the layout, of kind options::norm, each merged in piece order; with
 /// `tensors`, also each gradient's own part (tensors[k] for the pieces of gradient k, merged in the same
-/// order), from the same pass.
+/// order), from the same pass. With options::report on a layout of gradients, stages the report (each
+/// gradient's part and census) for run_units to publish.
 template <class Policy, class Layout>
 unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, const options& opt,
                                                        std::vector<partial_norm>* tensors = nullptr) {
   const double order = opt.norm.p();
   unit_parts<is_single_unit<Layout>::value> parts(layout.units(), order);
   if (tensors) tensors->clear();
-  const auto reduce_one = [&](const auto& p, auto&& sink) {
+  tensor_report* report = nullptr;
+  if constexpr (reports_tensors<Layout>::value) {
+    if (opt.report) {
+      report = opt.report;
+      report_staging::stage(*report, layout.tensor_count(), order);
+    }
+  }
+  // Reduces piece p, counting its elements into `counts` when reporting.
+  const auto reduce_one = [&](const auto& p, census* counts, auto&& sink) {
+    using T = typename std::decay_t<decltype(p.view)>::element_type;
+    piece_census<T> observer;
     if (!p.interleaved) {
-      const partial_norm part = reduce_view<Policy>(p.view, order);
+      const partial_norm part =
+          counts ? reduce_view<Policy>(p.view, order, observer) : reduce_view<Policy>(p.view, order);
+      if (counts) *counts = observer.counts;
       return sink(&part, 1);
     }
     std::vector<partial_norm> columns(p.units());
     reduce_columns<Policy>(p, order, columns.data());
+    if (counts) {
+      p.view.for_each_run([&](const auto* q, std::size_t n) { observer(q, n); });
+      *counts = observer.counts;
+    }
     sink(columns.data(), columns.size());
+  };
+  const auto merge = [&](const auto& p, const partial_norm* piece_parts, std::size_t count, const census& counts) {
+    merge_piece(parts, tensors, p.unit, p.tensor, piece_parts, count, order);
+    if (!report) return;
+    for (std::size_t u = 0; u < count; ++u) report_staging::parts(*report)[p.tensor].merge(piece_parts[u]);
+    add_census(report_staging::stats(*report)[p.tensor], counts);
   };
   unsigned threads = 1;
   const auto pieces = pieces_for_threads<true>(layout, opt.threads, threads);
   if (threads <= 1) {
     layout.for_each_piece([&](const auto& p) {
-      reduce_one(p, [&](const partial_norm* piece_parts, std::size_t count) {
-        merge_piece(parts, tensors, p.unit, p.tensor, piece_parts, count, order);
+      census counts;
+      reduce_one(p, report ? &counts : nullptr, [&](const partial_norm* piece_parts, std::size_t count) {
+        merge(p, piece_parts, count, counts);
       });
     });
-    return parts;
+  } else {
+    std::vector<std::vector<partial_norm>> results(pieces.size());
+    std::vector<census> counts(report ? pieces.size() : 0);
+    run_pieces(pieces, threads, opt.pool, [&](std::size_t i) {
+      pieces[i].visit([&](const auto& p) {
+        reduce_one(p, report ? &counts[i] : nullptr, [&](const partial_norm* piece_parts, std::size_t count) {
+          results[i].assign(piece_parts, piece_parts + count);
+        });
+      });
+    });
+    for (std::size_t i = 0; i < pieces.size(); ++i)
+      pieces[i].visit([&](const auto& p) {
+        merge(p, results[i].data(), results[i].size(), report ? counts[i] : census{});
+      });
   }
-  std::vector<std::vector<partial_norm>> results(pieces.size());
-  run_pieces(pieces, threads, opt.pool, [&](std::size_t i) {
-    pieces[i].visit([&](const auto& p) {
-      reduce_one(p, [&](const partial_norm* piece_parts, std::size_t count) {
-        results[i].assign(piece_parts, piece_parts + count);
-      });
-    });
-  });
-  for (std::size_t i = 0; i < pieces.size(); ++i)
-    pieces[i].visit([&](const auto& p) {
-      merge_piece(parts, tensors, p.unit, p.tensor, results[i].data(), results[i].size(), order);
-    });
+  if (report) finish_report(*report);
   return parts;
 }
 
@@ -353,6 +413,15 @@ template <class Policy, class Grads>
 partial_norm reduce(const Grads& grads, const options& opt) {
   check_group<const Grads&>();
   return reduce_units<Policy>(whole_group<const Grads>{grads}, opt)[0];
+}
+
+/// reduce, then options::report published: for the norm front-ends, which cannot throw once they read.
+template <class Policy, class Grads>
+partial_norm reduce_and_report(const Grads& grads, const options& opt) {
+  if (opt.report) report_staging::unstage(*opt.report);
+  const partial_norm part = reduce<Policy>(grads, opt);
+  if (opt.report) report_staging::commit(*opt.report);
+  return part;
 }
 
 // ---- Plans ----
@@ -580,6 +649,33 @@ void apply_units(const Layout& layout, const Plans& plans, const options& opt) {
   write_pieces(layout, opt, scale_piece);
 }
 
+/// `e` naming the layout's first gradient that holds NaN or Inf (from the staged report, else from a
+/// census of the gradients); `e` itself when none does or the layout is not one of gradients.
+template <class Layout>
+nonfinite_error located(const nonfinite_error& e, const Layout& layout, const options& opt) {
+  if constexpr (!reports_tensors<Layout>::value) {
+    return e;
+  } else {
+    std::vector<census> counts;
+    if (opt.report && report_staging::staged(*opt.report)) {
+      for (const tensor_stats& t : report_staging::stats(*opt.report)) counts.push_back({t.size, t.nan, t.inf});
+    } else {
+      counts.resize(layout.tensor_count());
+      layout.for_each_piece([&](const auto& p) {
+        p.view.for_each_run([&](const auto* q, std::size_t n) { counts[p.tensor].merge(count_elements(q, n)); });
+      });
+    }
+    for (std::size_t k = 0; k < counts.size(); ++k) {
+      if (counts[k].nan == 0 && counts[k].inf == 0) continue;
+      // The message up to its norm, as the plan wrote it, then the gradient.
+      const std::string what = e.what();
+      const std::string where = what.substr(0, what.find(": the gradient norm is not finite"));
+      return nonfinite_error(where, e.norm, k, counts[k].nan, counts[k].inf);
+    }
+    return e;
+  }
+}
+
 /// The whole pipeline on `layout`: check, reduce (`reduced()` returns the unit parts), decide and plan
 /// every unit, then `write(plans)`, and tell `source` each unit's outcome. Returns the plans.
 template <class Layout, class Source, class Reduced, class Write>
@@ -587,8 +683,20 @@ auto run_units(const char* function, const Layout& layout, const Source& source,
                Write&& write) {
   source.check(function);
   check_options(function, opt);
-  const auto parts = reduced();
-  auto plans = decide_units<is_single_unit<Layout>::value>(function, layout.units(), parts, source, opt);
+  auto plans = [&] {
+    try {
+      const auto parts = reduced();
+      return decide_units<is_single_unit<Layout>::value>(function, layout.units(), parts, source, opt);
+    } catch (const nonfinite_error& e) {
+      const nonfinite_error named = located(e, layout, opt);
+      if (opt.report) report_staging::unstage(*opt.report);
+      throw named;
+    } catch (...) {
+      if (opt.report) report_staging::unstage(*opt.report);
+      throw;
+    }
+  }();
+  if (opt.report) report_staging::commit(*opt.report);
   write(plans);
   for (std::size_t u = 0; u < plans.size(); ++u) source.update(u, plans[u].result);
   return plans;

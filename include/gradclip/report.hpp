@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
+#include <gradclip/partial_norm.hpp>
 
 #include <cstddef>
 #include <vector>
@@ -27,6 +28,10 @@ struct tensor_stats {
   }
 };
 
+namespace detail {
+struct report_staging;
+}
+
 /// One tensor_stats per gradient of a call's group, in the group's order. Reusable: a call that fills it
 /// resizes it, so steady-state steps allocate nothing; a call that throws leaves it as it was.
 ///
@@ -50,13 +55,41 @@ class tensor_report {
     return i;
   }
 
-  /// Replaces the contents (what a call does once it has read every gradient and nothing can throw).
+  /// Replaces the contents (e.g. with stats gathered elsewhere, for clip_stats::record).
   void assign(std::vector<tensor_stats>&& tensors) noexcept { tensors_.swap(tensors); }
   void clear() noexcept { tensors_.clear(); }
 
  private:
+  friend struct detail::report_staging;
   std::vector<tensor_stats> tensors_;
+  std::vector<tensor_stats> pending_;  // filled while a call reads; swapped in once nothing can throw
+  std::vector<partial_norm> parts_;    // each gradient's part while the call reads
+  bool staged_ = false;                // pending_ belongs to the call in progress
 };
+
+namespace detail {
+/// How the pipeline fills a report: stage() while reading, commit() once the call can no longer throw, so
+/// a call that throws leaves the report as it was. Both vectors keep their capacity: steady-state steps
+/// allocate nothing.
+struct report_staging {
+  static void stage(tensor_report& r, std::size_t tensors, double order) {
+    r.staged_ = false;
+    r.pending_.assign(tensors, tensor_stats{});
+    r.parts_.assign(tensors, partial_norm{0, 0.0, true, order});
+    r.staged_ = true;
+  }
+  static std::vector<tensor_stats>& stats(tensor_report& r) noexcept { return r.pending_; }
+  static std::vector<partial_norm>& parts(tensor_report& r) noexcept { return r.parts_; }
+  static bool staged(const tensor_report& r) noexcept { return r.staged_; }
+  static void unstage(tensor_report& r) noexcept { r.staged_ = false; }
+  /// Publishes what the call in progress staged; nothing when it staged nothing (a norm reduced elsewhere).
+  static void commit(tensor_report& r) noexcept {
+    if (!r.staged_) return;
+    r.tensors_.swap(r.pending_);
+    r.staged_ = false;
+  }
+};
+}  // namespace detail
 
 }  // namespace GRADCLIP_ABI
 }  // namespace gradclip

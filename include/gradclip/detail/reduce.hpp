@@ -57,27 +57,50 @@ inline partial_norm unscaled_part(double total) noexcept {
   return std::isfinite(total) ? partial_norm{0, total, true} : partial_norm::nonfinite(total);
 }
 
+/// Elements between two calls of a reduction's observer (options::report's census): a chunk it reads
+/// again while the chunk is still in L1 or L2. A multiple of every block, so chunks change no bit.
+inline constexpr std::size_t observed_chunk = 8192;
+
+/// The observer of a reduction that nothing observes.
+struct no_observer {
+  template <class T>
+  void operator()(const T*, std::size_t) const noexcept {}
+};
+
 /// The sum of squares in Acc, blocks totalled in FP64. With MaxScales, in one read pass: each block is
 /// summed unscaled and kept when that sum is accurate (accurate_unscaled: the vector kernel's
 /// common case, with no maximum to track), else rescanned by rescaled_block, and the parts merge;
-/// without, squares overflow as Acc does.
-template <class K, class Acc, bool MaxScales, class T>
-inline partial_norm sum_squares(const T* p, std::size_t n) noexcept {
-  std::size_t done = 0;
+/// without, squares overflow as Acc does. observe(chunk, m) follows each observed_chunk elements; the
+/// bits are those of one pass, whatever the chunks.
+template <class K, class Acc, bool MaxScales, class T, class Observe>
+inline partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) noexcept {
+  static_assert(observed_chunk % block_for<T> == 0, "chunks hold whole blocks");
+  compensated_sum segment;
   if constexpr (!MaxScales || fits_without_scaling<T, Acc>) {
-    return unscaled_part(K::template block_sums<Acc, false>(p, n, 0.0, done));
+    for (std::size_t chunk = 0; chunk < n; chunk += observed_chunk) {
+      const std::size_t m = std::min(observed_chunk, n - chunk);
+      K::template add_block_sums<Acc, false>(p + chunk, m, 0.0, segment);
+      observe(p + chunk, m);
+    }
+    return unscaled_part(segment.value());
   } else {
     const double min_sum = std::ldexp(1.0, -2 * safe_exponent_range<Acc>);
     partial_norm rescaled;
     double unscaled = 0;
-    for (std::size_t start = 0; start < n;) {
-      unscaled += K::template block_sums<Acc, true>(p + start, n - start, min_sum, done);
-      start += done;
-      if (start == n) break;
-      const std::size_t m = std::min(block_for<T>, n - start);
-      rescaled.merge(rescaled_block<K, Acc>(p + start, m));
-      start += m;
+    for (std::size_t chunk = 0; chunk < n; chunk += observed_chunk) {
+      const std::size_t end = std::min(n, chunk + observed_chunk);
+      for (std::size_t start = chunk; start < end;) {
+        start += K::template add_block_sums<Acc, true>(p + start, end - start, min_sum, segment);
+        if (start == end) break;
+        unscaled += segment.value();  // the unscaled blocks so far, then the block to rescale
+        segment = {};
+        const std::size_t m = std::min(block_for<T>, end - start);
+        rescaled.merge(rescaled_block<K, Acc>(p + start, m));
+        start += m;
+      }
+      observe(p + chunk, end - chunk);
     }
+    unscaled += segment.value();
     rescaled.merge(unscaled_part(unscaled));
     return rescaled;
   }
@@ -173,23 +196,29 @@ inline partial_norm sequential_sum_squares(const T* p, std::size_t n) noexcept {
 
 /// The partial norm of a contiguous run: the policy's sum of squares for p = 2, the p-norm kernels
 /// (the same under every policy) for other p.
-template <class Policy, class T>
-inline partial_norm reduce_run(const T* p, std::size_t n, double order) noexcept {
+/// observe(chunk, m) sees every element once, after the reduction read it: in chunks while they are in
+/// cache on the L2 sum-of-squares path, all at once after the other paths.
+template <class Policy, class T, class Observe = no_observer>
+inline partial_norm reduce_run(const T* p, std::size_t n, double order, Observe&& observe = {}) noexcept {
   static_assert(is_policy_v<Policy>, "The policy must be a row of gradclip::detail::policy_traits.");
   using traits = policy_traits<Policy>;
   using element = std::remove_const_t<T>;
-  if (order != 2.0) return power_sum_kernel(p, n, order);
+  const auto observed = [&](const partial_norm& part) {
+    observe(p, n);
+    return part;
+  };
+  if (order != 2.0) return observed(power_sum_kernel(p, n, order));
   if constexpr (!traits::sequential && traits::max_scales && !std::is_same_v<element, double>)
-    if (n <= short_run) return short_sum_squares(p, n);
+    if (n <= short_run) return observed(short_sum_squares(p, n));
   if constexpr (traits::sequential) {
-    return sequential_sum_squares(p, n);
+    return observed(sequential_sum_squares(p, n));
   } else {
     return with_isa(best_isa(), [&](auto k) {
       using K = decltype(k);
       if constexpr (traits::compensated && std::is_same_v<element, double>)
-        return compensated_sum_squares<K>(p, n);
+        return observed(compensated_sum_squares<K>(p, n));
       else
-        return sum_squares<K, typename traits::template accumulator<element>, traits::max_scales>(p, n);
+        return sum_squares<K, typename traits::template accumulator<element>, traits::max_scales>(p, n, observe);
     });
   }
 }
