@@ -7,6 +7,7 @@
 // Collectives need every rank in step, so each case runs a fixed number of iterations (Google Benchmark
 // would otherwise pick a count per rank from its own timings) and starts after a barrier. Only rank 0
 // reports. On a busy machine add --benchmark_repetitions=7 and read the `_min` rows.
+#include <gradclip/clip.hpp>
 #include <gradclip/mpi.hpp>
 #include <gradclip/norm.hpp>
 

@@ -83,7 +83,11 @@ void p_norm_tables(benchmark::State& state) {
   const auto g = random_values<T>(n);
   const T* p = g.data();
   const auto general = [p, n](pnorm::general_path path) {
-    return [p, n, path] { benchmark::DoNotOptimize(pnorm::general_kernel(p, n, 1.5, path).sum); };
+    return [p, n, path] {
+      benchmark::DoNotOptimize(gradclip::detail::with_isa(gradclip::detail::best_isa(), [&](auto k) {
+                                 return pnorm::general_kernel<decltype(k)>(p, n, 1.5, path);
+                               }).sum);
+    };
   };
   std::vector<paired_timing::part> parts{{"series", general(pnorm::general_path::series)},
                                          {"tables", general(pnorm::general_path::tables)}};

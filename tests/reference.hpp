@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace gradclip_test {
@@ -63,23 +64,28 @@ quad exact_norm(const std::vector<T>& v) {
   return exact_norm(v.data(), v.size());
 }
 
-/// The exact p-norm (to binary128 precision) of the concatenation of the given values, for p = 1, 2, an
-/// integer p >= 3 (Newton's method for the root from a double estimate: values between about 1e-100 and
-/// 1e100) or p = inf (the largest magnitude).
-inline quad exact_p_norm(const std::vector<quad>& values, double p) {
+/// The sum of |x|^p (to binary128 precision) of the values for an integer p >= 1, their largest magnitude
+/// for p = inf: what exact_p_root turns into the p-norm.
+inline quad exact_p_sum(const std::vector<quad>& values, double p) {
+  quad sum = 0;
   if (std::isinf(p)) {
-    quad top = 0;
-    for (const quad x : values) top = quad_abs(x) > top ? quad_abs(x) : top;
-    return top;
+    for (const quad x : values) sum = quad_abs(x) > sum ? quad_abs(x) : sum;
+    return sum;
   }
   const int k = static_cast<int>(p);
-  quad sum = 0;
   for (const quad x : values) {
     quad power = 1;
     for (int i = 0; i < k; ++i) power *= quad_abs(x);
     sum += power;
   }
-  if (k == 1 || sum == 0) return sum;
+  return sum;
+}
+
+/// The p-th root of an exact_p_sum: Newton's method from a double estimate for p >= 3 (sums between
+/// about 1e-100 and 1e100); the sum itself for p = 1 and p = inf.
+inline quad exact_p_root(quad sum, double p) {
+  const int k = static_cast<int>(p);
+  if (std::isinf(p) || k == 1 || sum == 0) return sum;
   if (k == 2) return quad_sqrt(sum);
   quad r = std::pow(static_cast<double>(sum), 1.0 / p);
   for (int iteration = 0; iteration < 6; ++iteration) {
@@ -89,6 +95,10 @@ inline quad exact_p_norm(const std::vector<quad>& values, double p) {
   }
   return r;
 }
+
+/// The exact p-norm (to binary128 precision) of the concatenation of the given values, for p = 1, 2, an
+/// integer p >= 3 or p = inf (the largest magnitude).
+inline quad exact_p_norm(const std::vector<quad>& values, double p) { return exact_p_root(exact_p_sum(values, p), p); }
 
 /// |got - exact| / exact, with +inf accepted only for an exact value beyond double's range, and the
 /// rounding of a result below double's normal range (which no policy can avoid) forgiven.
@@ -108,14 +118,15 @@ double epsilon_of() {
   return std::ldexp(1.0, 1 - std::numeric_limits<T>::digits);
 }
 
-/// The documented relative error bound of the robust policy's L2 norm of T elements (policies.hpp). FP16
-/// and BF16 square exactly in FP32 and sum in chains of at most 32 squares (at most 31 FP32 additions,
-/// 31 * 2^-24 on the sum of squares, half that on its root), the rest in FP64: 16 * 2^-24. FP32 and FP64
-/// sum in FP64 lanes of at most 64 terms per block, compensated across blocks: about 70 roundings of
-/// 2^-53 on the sum at worst, half that on the root, so 1e-14 holds with room.
+/// The documented relative error bound of the robust policy's L2 norm of T elements (policies.hpp),
+/// exactly. FP16 and BF16 square exactly in FP32 and sum in chains of at most 32 squares (at most 31 FP32
+/// additions, 31 * 2^-24 on the sum of squares, half that on its root), the rest in FP64: 16 * 2^-24.
+/// FP32 squares exactly in FP64 lanes of 64 terms per block (63 additions, 4 more merging the 16 lanes),
+/// blocks and parts compensated (2 roundings): 69 * 2^-53 on the sum, half that and the root's rounding on
+/// the norm, 36 * 2^-53. FP64: Dot2, within 2^-53 on the sum, 1.5 * 2^-53 on the norm.
 template <class T>
 constexpr double robust_norm_bound() {
-  return sizeof(T) == 2 ? 16 * 0x1p-24 : 1e-14;
+  return sizeof(T) == 2 ? 16 * 0x1p-24 : std::is_same_v<T, float> ? 36 * 0x1p-53 : 1.5 * 0x1p-53;
 }
 
 /// The documented bound of promote and max_scale (policies.hpp): 16-bit elements as robust's; FP32 ones

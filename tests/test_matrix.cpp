@@ -1,6 +1,7 @@
 // Every front-end composes with every norm and policy: {single tensor, mixed-type group, raw buffer,
-// braced list, two threads, loss scaler} x {L1, L2, inf, p = 3} x {promote, max_scale, robust}, each norm
-// and each clipped element against binary128. (MPI on 1-4 ranks: tests/mpi; libtorch: test_torch.)
+// braced list, two threads (gradclip's pool, an executor), loss scaler} x {L1, L2, inf, p = 3} x
+// {promote, max_scale, robust}, each norm and each clipped element against binary128. (MPI on 1-4 ranks:
+// tests/mpi; libtorch: test_torch.)
 #include <gradclip/gradclip.hpp>
 
 #include "element_types.hpp"
@@ -15,6 +16,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -57,6 +59,30 @@ struct model {
   }
 };
 
+/// Copies of the first tensor that the two-threads cases append, 3 MB of them, so that the call is worth
+/// two threads (one per MiB). A power of two, so their share of the exact sum is exact.
+template <class T>
+constexpr std::size_t large_copies = 1024 / sizeof(T);
+
+template <class T>
+std::vector<T> copies_of(const std::vector<T>& tensor) {
+  std::vector<T> copies;
+  for (std::size_t copy = 0; copy < large_copies<T>; ++copy) copies.insert(copies.end(), tensor.begin(), tensor.end());
+  return copies;
+}
+
+// Runs each job on a thread of its own (the first on the caller) and records how many each call had.
+struct thread_per_job final : gradclip::executor {
+  void run(unsigned count, const std::function<void(unsigned)>& job) const override {
+    counts.push_back(count);
+    std::vector<std::thread> helpers;
+    for (unsigned k = 1; k < count; ++k) helpers.emplace_back(job, k);
+    if (count > 0) job(0);
+    for (auto& helper : helpers) helper.join();
+  }
+  mutable std::vector<unsigned> counts;
+};
+
 template <class T>
 class Matrix : public ::testing::Test {};
 TYPED_TEST_SUITE(Matrix, element_types);
@@ -67,39 +93,50 @@ void check_front_ends(double p) {
   const gradclip::options opt{gradclip::on_nonfinite::skip, 0.0, gradclip::norm_type{p}};
   gradclip::options two_threads = opt;
   two_threads.threads = 2;
+  const thread_per_job executor;
+  gradclip::options two_threads_executor = two_threads;
+  two_threads_executor.pool = &executor;
 
   // front-end name -> (values it covers, whether the FP32 bias is included, the call)
   struct front_end {
     std::string name;
     bool single, with_bias;
+    bool large;    // with the copies of the first tensor appended
     double scale;  // the loss scale the gradients are multiplied by first (1: none)
     std::function<gradclip::clip_result(model<T>&, double)> clip;
   };
   const std::vector<front_end> front_ends{
-      {"single tensor", true, false, 1.0,
+      {"single tensor", true, false, false, 1.0,
        [&](model<T>& m, double c) { return gradclip::clip_by_norm<Policy>(m.tensors[0], c, opt); }},
-      {"raw buffer", true, false, 1.0,
+      {"raw buffer", true, false, false, 1.0,
        [&](model<T>& m, double c) {
          return gradclip::clip_by_norm<Policy>(m.tensors[0].data(), m.tensors[0].size(), c, opt);
        }},
-      {"mixed-type group", false, true, 1.0,
+      {"mixed-type group", false, true, false, 1.0,
        [&](model<T>& m, double c) {
          std::vector<gradclip::grad_view> group(m.tensors.begin(), m.tensors.end());
          group.emplace_back(m.bias);
          return gradclip::clip_by_global_norm<Policy>(group, c, opt);
        }},
-      {"braced list", false, true, 1.0,
+      {"braced list", false, true, false, 1.0,
        [&](model<T>& m, double c) {
          return gradclip::clip_by_global_norm<Policy>({m.tensors[0], m.tensors[1], m.tensors[2], m.tensors[3], m.bias},
                                                       c, opt);
        }},
-      {"two threads", false, false, 1.0,
+      {"two threads", false, false, true, 1.0,
        [&](model<T>& m, double c) { return gradclip::clip_by_global_norm<Policy>(m.tensors, c, two_threads); }},
-      {"loss scaler, S = 1024", false, false, 1024.0,
+      {"two threads of an executor", false, false, true, 1.0,
+       [&](model<T>& m, double c) {
+         executor.counts.clear();
+         const gradclip::clip_result r = gradclip::clip_by_global_norm<Policy>(m.tensors, c, two_threads_executor);
+         EXPECT_EQ(executor.counts, (std::vector<unsigned>{2, 2})) << "two jobs in the read and the write pass";
+         return r;
+       }},
+      {"loss scaler, S = 1024", false, false, false, 1024.0,
        [&](model<T>& m, double c) {
          return gradclip::loss_scaler(gradclip::loss_scaler_config{1024.0}).unscale_and_clip<Policy>(m.tensors, c, opt);
        }},
-      {"loss scaler, S = 3", false, false, 3.0,
+      {"loss scaler, S = 3", false, false, false, 3.0,
        [&](model<T>& m, double c) {
          return gradclip::loss_scaler(gradclip::loss_scaler_config{3.0}).unscale_and_clip<Policy>(m.tensors, c, opt);
        }},
@@ -118,7 +155,13 @@ void check_front_ends(double p) {
         truth.push_back(to_quad(x) / to_quad(f.scale));
       }
     for (const float x : m.bias) truth.push_back(to_quad(x));
-    const quad exact = exact_p_norm(truth, p);
+    quad exact = exact_p_norm(truth, p);
+    if (f.large) {
+      const std::vector<quad> first(truth.begin(), truth.begin() + static_cast<std::ptrdiff_t>(m.tensors[0].size()));
+      m.tensors.push_back(copies_of(m.tensors[0]));
+      if (!std::isinf(p))
+        exact = exact_p_root(exact_p_sum(truth, p) + static_cast<quad>(large_copies<T>) * exact_p_sum(first, p), p);
+    }
     const double max_norm = 0.5 * static_cast<double>(exact);
     const model<T> before = m;
 
@@ -131,6 +174,11 @@ void check_front_ends(double p) {
     ASSERT_TRUE(result.clipped);
     EXPECT_EQ(result.threshold, max_norm);
     const quad c = static_cast<quad>(max_norm) / exact;
+    // The copies are clipped as the first tensor is, bit for bit; the rest against binary128.
+    if (f.large) {
+      EXPECT_TRUE(same_bits(m.tensors.back(), copies_of(m.tensors[0]))) << "the copies of the first tensor";
+      m.tensors.pop_back();
+    }
     double worst = 0;
     for (std::size_t k = 0; k < m.tensors.size(); ++k)
       for (std::size_t i = 0; i < m.tensors[k].size(); ++i)

@@ -5,10 +5,10 @@
 
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/exact_io.hpp>
-#include <gradclip/pipeline.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
+#include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
 
 #include <algorithm>

@@ -119,9 +119,10 @@ adaptive_clip_result adaptive_clip_units(const char* function, const unit_split<
 /// Norms are the robust policy's (overflow-free for every finite input) and max_norm_u and the
 /// coefficient are formed as mantissa and power of two, so neither overflows either. Weights may have a
 /// different element type and storage order than the gradient, but the same shape (else
-/// std::invalid_argument). A NaN or Inf in a gradient or weight unit follows `nonfinite`: `skip`
-/// (default) modifies nothing and returns finite = false, `error` throws nonfinite_error, `propagate` is
-/// Optax's arithmetic as is. Throws std::invalid_argument for a negative or non-finite clipping or eps.
+/// std::invalid_argument). A NaN or Inf in a gradient or weight unit follows `nonfinite`, per unit:
+/// `skip` (default) leaves that unit's bits alone (the finite units still clip) and returns finite =
+/// false, `error` throws nonfinite_error before anything is written, `propagate` is Optax's arithmetic.
+/// Throws std::invalid_argument for a negative or non-finite clipping or eps.
 ///
 ///     auto r = gradclip::adaptive_clip(grad, weight, 0.01);   // Eigen::MatrixXf grad, weight
 template <class Grad, class Weights>

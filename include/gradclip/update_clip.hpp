@@ -4,10 +4,10 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
-#include <gradclip/pipeline.hpp>
 #include <gradclip/detail/update_kernels.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
+#include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
 
 #include <cmath>

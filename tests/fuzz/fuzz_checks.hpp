@@ -110,7 +110,7 @@ struct stats {
   quad min_nonzero_square = std::numeric_limits<double>::infinity();
   bool any_nan = false;
   bool any_inf = false;
-  bool any_narrow = false;  // an element narrower than FP64: max_scale's bound is then FP32's
+  bool any_narrow = false;  // an element narrower than FP64: robust's and max_scale's bounds are then FP32's
   bool any_16bit = false;   // an FP16 or BF16 element: robust sums it in FP32 chains
   std::size_t count = 0;
 
@@ -147,7 +147,10 @@ template <class Policy, class T>
 double norm_bound(const stats& s) {
   const bool fp64 = !s.any_narrow;
   if constexpr (std::is_same_v<Policy, gradclip::robust>) {
-    return s.any_16bit ? gradclip_test::robust_norm_bound<Eigen::half>() : gradclip_test::robust_norm_bound<double>();
+    // The loosest bound among the element types present: FP16/BF16's, then FP32's, then FP64's.
+    return s.any_16bit    ? gradclip_test::robust_norm_bound<Eigen::half>()
+           : s.any_narrow ? gradclip_test::robust_norm_bound<float>()
+                          : gradclip_test::robust_norm_bound<double>();
   } else if constexpr (std::is_same_v<Policy, gradclip::max_scale>) {
     return fp64 ? 80 * 0x1p-53 : s.any_16bit ? 16 * 0x1p-24 : 8 * 0x1p-24;
   } else if constexpr (std::is_same_v<Policy, gradclip::promote>) {

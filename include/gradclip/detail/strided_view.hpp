@@ -4,7 +4,7 @@
 
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
-#include <gradclip/detail/reduce.hpp>
+#include <gradclip/detail/numerics.hpp>
 
 #include <algorithm>
 #include <cstddef>

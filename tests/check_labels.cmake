@@ -1,0 +1,25 @@
+# Fails unless `ctest -L LABEL` selects tests of every executable in EXECUTABLES (a list): the labels a
+# gradclip_add_test call gives really reach its discovered tests. Usage: cmake -DBUILD_DIR=...
+# -DLABEL=threads "-DEXECUTABLES=test_parallel;test_matrix" -P check_labels.cmake
+cmake_minimum_required(VERSION 3.21)
+execute_process(COMMAND ${CMAKE_CTEST_COMMAND} --test-dir ${BUILD_DIR} -L "^${LABEL}$" --show-only=json-v1
+                OUTPUT_VARIABLE listing RESULT_VARIABLE status)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "ctest --show-only failed (${status})")
+endif()
+string(JSON count LENGTH "${listing}" tests)
+set(selected)
+if(count GREATER 0)
+  math(EXPR last "${count} - 1")
+  foreach(i RANGE ${last})
+    string(JSON program GET "${listing}" tests ${i} command 0)
+    get_filename_component(program ${program} NAME)
+    list(APPEND selected ${program})
+  endforeach()
+endif()
+foreach(executable IN LISTS EXECUTABLES)
+  if(NOT executable IN_LIST selected)
+    message(FATAL_ERROR "ctest -L ${LABEL} selects no test of ${executable} (${count} tests selected)")
+  endif()
+endforeach()
+message(STATUS "ctest -L ${LABEL}: ${count} tests, of every one of ${EXECUTABLES}")
