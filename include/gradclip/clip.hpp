@@ -94,6 +94,37 @@ clip_result clip_by_global_norm(Grads&& local_grads, const partial_norm& global,
   return detail::clip<Policy>(function, local_grads, detail::fixed_threshold{max_norm}, opt, [&] { return global; });
 }
 
+/// The clip_result clip_by_norm / clip_by_global_norm would return, bit for bit, with nothing written: for
+/// an optimizer that applies `coefficient` in its own pass over the gradients (llm.c's fused AdamW), which
+/// saves the clipping write pass. Apply it only when `clipped`; when the norm is not finite, options::
+/// nonfinite decides as it would (skip: the step should be skipped, error: throws, propagate: the
+/// coefficient the clip would have applied). Same arguments, checks and options::report as the clip.
+///
+///     auto plan = gradclip::clip_coefficient(grads, 1.0);
+///     sgd_step(weights, grads, learning_rate * (plan.clipped ? plan.coefficient : 1.0));
+template <class Policy = robust, class Grads>
+clip_result clip_coefficient(const Grads& grads, double max_norm, const options& opt = {}) {
+  constexpr const char* function = "gradclip::clip_coefficient";
+  if constexpr (detail::is_gradient_v<const Grads&>) {
+    const detail::single<const Grads> one{&grads};
+    return detail::plan_only<Policy>(function, one, detail::fixed_threshold{max_norm}, opt);
+  } else {
+    return detail::plan_only<Policy>(function, grads, detail::fixed_threshold{max_norm}, opt);
+  }
+}
+
+/// The same for a braced list of gradients of any element types: clip_coefficient({w, b}, 1.0).
+template <class Policy = robust>
+clip_result clip_coefficient(std::initializer_list<const_grad_view> grads, double max_norm, const options& opt = {}) {
+  return detail::plan_only<Policy>("gradclip::clip_coefficient", grads, detail::fixed_threshold{max_norm}, opt);
+}
+
+/// The same for a raw buffer of `size` elements.
+template <class Policy = robust, class T, class = std::enable_if_t<detail::is_element_v<T>>>
+clip_result clip_coefficient(const T* data, std::size_t size, double max_norm, const options& opt = {}) {
+  return clip_coefficient<Policy>(detail::strided_view<const T>{data, size}, max_norm, opt);
+}
+
 /// Clamps every element to [-limit, limit] in place (limit rounded down to the element type, so no
 /// result exceeds it). NaN elements stay NaN. Throws std::invalid_argument for a negative or NaN limit.
 template <class Grad, class = std::enable_if_t<detail::is_gradient_v<Grad>>>

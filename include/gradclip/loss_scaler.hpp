@@ -281,7 +281,11 @@ class loss_scaler {
   template <class Policy, class Group>
   auto unscaled_norm(const Group& group, const options& opt) const {
     return [&group, &opt, s = scale_] {
-      return detail::unit_parts<true>(detail::unscaled(detail::reduce<Policy>(group, opt), s));
+      const partial_norm scaled = detail::reduce<Policy>(group, opt);
+      if (opt.report)
+        detail::report_staging::unscale(
+            *opt.report, [s](const partial_norm& part) { return detail::unscaled(part, s); }, s);
+      return detail::unit_parts<true>(detail::unscaled(scaled, s));
     };
   }
 

@@ -189,7 +189,6 @@ agreement agree(const char* function, MPI_Comm own, const Grads& local_grads, do
   return a;
 }
 
-
 /// The global part from the local one and the agreed first word. L1 and L2: the exact integer SUM of
 /// every rank's part at the common exponent, the same integers on every rank whatever the order MPI adds
 /// in. The max norm is the agreed word itself. Other p: every rank's part gathered and merged in rank
@@ -265,7 +264,16 @@ template <class Policy = robust, class Grads>
 double global_norm(MPI_Comm comm, const Grads& local_grads, const options& opt = {}) {
   constexpr const char* function = "gradclip::mpi::global_norm";
   const MPI_Comm own = detail::library_comm(function, comm);
-  return detail::combine(function, own, detail::agree<Policy>(function, own, local_grads, 0.0, opt)).norm();
+  const detail::agreement a = detail::agree<Policy>(function, own, local_grads, 0.0, opt);
+  if (!opt.report) return detail::combine(function, own, a).norm();
+  try {  // the report of the local gradients, published once the collectives succeeded
+    const double global = detail::combine(function, own, a).norm();
+    gradclip::detail::report_staging::commit(*opt.report);
+    return global;
+  } catch (...) {
+    gradclip::detail::report_staging::unstage(*opt.report);
+    throw;
+  }
 }
 
 /// Clips every rank's `local_grads` in place by one coefficient computed from the global norm of all of

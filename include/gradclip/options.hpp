@@ -52,10 +52,10 @@ class executor {
   virtual void run(unsigned count, const std::function<void(unsigned)>& job) const = 0;
 };
 
-/// How every norm and clipping call runs. Aggregate: `{on_nonfinite::propagate, 1e-6}` is PyTorch's
-/// clip_grad_norm_, `{on_nonfinite::skip, 0.0, gradclip::inf_norm, 4}` the max norm on four threads.
 class tensor_report;  // report.hpp: one tensor_stats per gradient of a call
 
+/// How every norm and clipping call runs. Aggregate: `{on_nonfinite::propagate, 1e-6}` is PyTorch's
+/// clip_grad_norm_, `{on_nonfinite::skip, 0.0, gradclip::inf_norm, 4}` the max norm on four threads.
 struct options {
   on_nonfinite nonfinite = on_nonfinite::skip;
   /// Added to the norm in the denominator of the coefficient: clip when max_norm / (norm + epsilon) < 1.

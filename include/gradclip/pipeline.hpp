@@ -145,7 +145,9 @@ struct gradient_units {
     else
       return 1;
   }
-  std::size_t tensor_count() const { return static_cast<std::size_t>(std::distance(std::begin(grads), std::end(grads))); }
+  std::size_t tensor_count() const {
+    return static_cast<std::size_t>(std::distance(std::begin(grads), std::end(grads)));
+  }
   template <class F>
   void for_each_piece(F&& f) const {
     std::size_t k = 0;
@@ -314,8 +316,7 @@ void merge_piece(Parts& parts, std::vector<partial_norm>* tensors, std::size_t f
 template <class Layout, class = void>
 struct reports_tensors : std::false_type {};
 template <class Layout>
-struct reports_tensors<Layout, std::void_t<decltype(std::declval<const Layout&>().tensor_count())>>
-    : std::true_type {};
+struct reports_tensors<Layout, std::void_t<decltype(std::declval<const Layout&>().tensor_count())>> : std::true_type {};
 
 /// The census of a piece, in the same pass as its norm where the kernels allow (reduce_run).
 template <class T>
@@ -385,9 +386,8 @@ unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, con
   if (threads <= 1) {
     layout.for_each_piece([&](const auto& p) {
       census counts;
-      reduce_one(p, report ? &counts : nullptr, [&](const partial_norm* piece_parts, std::size_t count) {
-        merge(p, piece_parts, count, counts);
-      });
+      reduce_one(p, report ? &counts : nullptr,
+                 [&](const partial_norm* piece_parts, std::size_t count) { merge(p, piece_parts, count, counts); });
     });
   } else {
     std::vector<std::vector<partial_norm>> results(pieces.size());
@@ -400,9 +400,8 @@ unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, con
       });
     });
     for (std::size_t i = 0; i < pieces.size(); ++i)
-      pieces[i].visit([&](const auto& p) {
-        merge(p, results[i].data(), results[i].size(), report ? counts[i] : census{});
-      });
+      pieces[i].visit(
+          [&](const auto& p) { merge(p, results[i].data(), results[i].size(), report ? counts[i] : census{}); });
   }
   if (report) finish_report(*report);
   return parts;
@@ -418,10 +417,15 @@ partial_norm reduce(const Grads& grads, const options& opt) {
 /// reduce, then options::report published: for the norm front-ends, which cannot throw once they read.
 template <class Policy, class Grads>
 partial_norm reduce_and_report(const Grads& grads, const options& opt) {
-  if (opt.report) report_staging::unstage(*opt.report);
-  const partial_norm part = reduce<Policy>(grads, opt);
-  if (opt.report) report_staging::commit(*opt.report);
-  return part;
+  if (!opt.report) return reduce<Policy>(grads, opt);
+  try {
+    const partial_norm part = reduce<Policy>(grads, opt);
+    report_staging::commit(*opt.report);
+    return part;
+  } catch (...) {
+    report_staging::unstage(*opt.report);
+    throw;
+  }
 }
 
 // ---- Plans ----
@@ -650,7 +654,7 @@ void apply_units(const Layout& layout, const Plans& plans, const options& opt) {
 }
 
 /// `e` naming the layout's first gradient that holds NaN or Inf (from the staged report, else from a
-/// census of the gradients); `e` itself when none does or the layout is not one of gradients.
+/// census of the gradients), or saying that none does; `e` itself when the layout is not one of gradients.
 template <class Layout>
 nonfinite_error located(const nonfinite_error& e, const Layout& layout, const options& opt) {
   if constexpr (!reports_tensors<Layout>::value) {
@@ -665,14 +669,13 @@ nonfinite_error located(const nonfinite_error& e, const Layout& layout, const op
         p.view.for_each_run([&](const auto* q, std::size_t n) { counts[p.tensor].merge(count_elements(q, n)); });
       });
     }
-    for (std::size_t k = 0; k < counts.size(); ++k) {
-      if (counts[k].nan == 0 && counts[k].inf == 0) continue;
-      // The message up to its norm, as the plan wrote it, then the gradient.
-      const std::string what = e.what();
-      const std::string where = what.substr(0, what.find(": the gradient norm is not finite"));
-      return nonfinite_error(where, e.norm, k, counts[k].nan, counts[k].inf);
-    }
-    return e;
+    // The message up to its norm, as the plan wrote it, then the gradient.
+    const std::string what = e.what();
+    const std::string function = what.substr(0, what.find(": the gradient norm is not finite"));
+    for (std::size_t k = 0; k < counts.size(); ++k)
+      if (counts[k].nan != 0 || counts[k].inf != 0)
+        return nonfinite_error(function, e.norm, k, counts[k].nan, counts[k].inf);
+    return nonfinite_error(function, e.norm, nonfinite_error::no_tensor, 0, 0);
   }
 }
 
@@ -683,10 +686,14 @@ auto run_units(const char* function, const Layout& layout, const Source& source,
                Write&& write) {
   source.check(function);
   check_options(function, opt);
+  // The report is published once the write is done: a call that throws (a nonfinite_error, an executor's
+  // exception) leaves it as it was.
   auto plans = [&] {
     try {
       const auto parts = reduced();
-      return decide_units<is_single_unit<Layout>::value>(function, layout.units(), parts, source, opt);
+      auto decided = decide_units<is_single_unit<Layout>::value>(function, layout.units(), parts, source, opt);
+      write(decided);
+      return decided;
     } catch (const nonfinite_error& e) {
       const nonfinite_error named = located(e, layout, opt);
       if (opt.report) report_staging::unstage(*opt.report);
@@ -697,7 +704,6 @@ auto run_units(const char* function, const Layout& layout, const Source& source,
     }
   }();
   if (opt.report) report_staging::commit(*opt.report);
-  write(plans);
   for (std::size_t u = 0; u < plans.size(); ++u) source.update(u, plans[u].result);
   return plans;
 }
@@ -719,6 +725,17 @@ clip_result clip(const char* function, Grads& grads, const Source& source, const
 template <class Policy, class Grads, class Source>
 clip_result clip(const char* function, Grads& grads, const Source& source, const options& opt) {
   return clip<Policy>(function, grads, source, opt, [&] { return reduce<Policy>(grads, opt); });
+}
+
+/// The pipeline on the group's own norm up to the plan: the clip_result clip would return, nothing written.
+template <class Policy, class Grads, class Source>
+clip_result plan_only(const char* function, const Grads& grads, const Source& source, const options& opt) {
+  check_group<const Grads&>();
+  const whole_group<const Grads> layout{grads};
+  return run_units(
+             function, layout, source, opt, [&] { return unit_parts<true>(reduce<Policy>(grads, opt)); },
+             [](const auto&) {})[0]
+      .result;
 }
 
 }  // namespace detail

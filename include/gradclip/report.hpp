@@ -82,6 +82,16 @@ struct report_staging {
   static std::vector<partial_norm>& parts(tensor_report& r) noexcept { return r.parts_; }
   static bool staged(const tensor_report& r) noexcept { return r.staged_; }
   static void unstage(tensor_report& r) noexcept { r.staged_ = false; }
+  /// The staged norms and maxima of gradients read scaled by S (the loss scaler): each norm recomputed from
+  /// unscale(part), each max_abs divided by S; the counts stay those of the stored elements.
+  template <class Unscale>
+  static void unscale(tensor_report& r, Unscale&& unscale_part, double s) {
+    if (!r.staged_) return;
+    for (std::size_t k = 0; k < r.pending_.size(); ++k) {
+      r.pending_[k].norm = unscale_part(r.parts_[k]).norm();
+      r.pending_[k].max_abs /= s;
+    }
+  }
   /// Publishes what the call in progress staged; nothing when it staged nothing (a norm reduced elsewhere).
   static void commit(tensor_report& r) noexcept {
     if (!r.staged_) return;

@@ -84,8 +84,8 @@ census count_elements(const T* p, std::size_t n) noexcept {
   std::size_t i = 0;
   for (; i + census_block <= n; i += census_block) block(p + i, census_block);
   if (i < n) block(p + i, n - i);
-  T largest;
-  std::memcpy(&largest, &top, sizeof top);
+  std::remove_const_t<T> largest;
+  std::memcpy(static_cast<void*>(&largest), &top, sizeof top);  // bits of a trivially copyable T
   c.max_abs = static_cast<double>(widen<double>(largest));
   return c;
 }

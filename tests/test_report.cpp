@@ -1,0 +1,373 @@
+// options::report and clip_coefficient: per-tensor counts against counts taken on the widened values,
+// per-tensor norms against binary128 within the documented bound, results and written bits identical with
+// and without a report for one and two threads, a report left as it was by a call that throws, the first
+// non-finite gradient named by nonfinite_error, the loss scaler's underflow counts, and clip_coefficient
+// returning clip_by_global_norm's result, bit for bit, without writing.
+#include <gradclip/gradclip.hpp>
+
+#include "element_types.hpp"
+#include "reference.hpp"
+
+#include <gtest/gtest.h>
+
+#include <Eigen/Core>
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using gradclip_test::quad;
+
+template <class T>
+using vector_of = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+
+template <class T>
+std::vector<T> as_std(const vector_of<T>& v) {
+  return std::vector<T>(v.data(), v.data() + v.size());
+}
+
+/// What a report must say about one gradient, counted on values widened to double.
+struct expected_counts {
+  std::size_t nan = 0, inf = 0, zeros = 0, subnormals = 0;
+  double max_abs = 0;
+};
+
+template <class T>
+expected_counts count_widened(const vector_of<T>& v) {
+  const double min_normal = static_cast<double>(std::numeric_limits<T>::min());
+  expected_counts c;
+  for (Eigen::Index i = 0; i < v.size(); ++i) {
+    const double x = static_cast<double>(v[i]);
+    if (std::isnan(x)) {
+      ++c.nan;
+      continue;
+    }
+    if (std::isinf(x)) ++c.inf;
+    if (x == 0) ++c.zeros;
+    if (x != 0 && std::abs(x) < min_normal) ++c.subnormals;
+    c.max_abs = std::max(c.max_abs, std::abs(x));
+  }
+  if (c.nan) c.max_abs = std::numeric_limits<double>::quiet_NaN();
+  return c;
+}
+
+/// Three gradients of T with zeros, subnormals and large values at random places; `special` adds a NaN
+/// to the second and an Inf to the third.
+template <class T>
+std::vector<vector_of<T>> census_group(std::mt19937_64& rng, bool special) {
+  const std::vector<std::size_t> sizes{1000, 70001, 9};
+  std::vector<vector_of<T>> grads;
+  const T subnormal = std::numeric_limits<T>::denorm_min();
+  for (std::size_t s : sizes) {
+    const std::vector<T> values = gradclip_test::random_gradient<T>(s, rng);
+    vector_of<T> v = Eigen::Map<const vector_of<T>>(values.data(), static_cast<Eigen::Index>(s));
+    std::uniform_int_distribution<std::size_t> at(0, s - 1);
+    for (int k = 0; k < 5; ++k) v[static_cast<Eigen::Index>(at(rng))] = T(0);
+    for (int k = 0; k < 3; ++k) v[static_cast<Eigen::Index>(at(rng))] = -subnormal;
+    v[static_cast<Eigen::Index>(at(rng))] = static_cast<T>(-1000.0);
+    grads.push_back(v);
+  }
+  if (special) {
+    grads[1][70000] = std::numeric_limits<T>::quiet_NaN();
+    grads[2][4] = -std::numeric_limits<T>::infinity();
+  }
+  return grads;
+}
+
+template <class T>
+class Report : public ::testing::Test {};
+TYPED_TEST_SUITE(Report, gradclip_test::element_types);
+
+TYPED_TEST(Report, CountsAndNormsOfEveryGradient) {
+  using T = TypeParam;
+  std::mt19937_64 rng(gradclip_test::seed);
+  for (bool special : {false, true}) {
+    auto grads = census_group<T>(rng, special);
+    const auto before = grads;
+    gradclip::tensor_report report;
+    gradclip::options opt;
+    opt.report = &report;
+    opt.nonfinite = gradclip::on_nonfinite::propagate;
+    const auto r = gradclip::clip_by_global_norm(grads, 1.0, opt);
+    ASSERT_EQ(report.size(), grads.size());
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      SCOPED_TRACE("gradient " + std::to_string(k) + " of " + gradclip_test::type_name<T>());
+      const expected_counts c = count_widened(before[k]);
+      const gradclip::tensor_stats& t = report[k];
+      EXPECT_EQ(t.size, static_cast<std::size_t>(before[k].size()));
+      EXPECT_EQ(t.nan, c.nan);
+      EXPECT_EQ(t.inf, c.inf);
+      EXPECT_EQ(t.zeros, c.zeros);
+      EXPECT_EQ(t.subnormals, c.subnormals);
+      EXPECT_GE(t.subnormals, 1u);  // the counts are of the gradients as read, before clipping wrote
+      if (c.nan) {
+        EXPECT_TRUE(std::isnan(t.max_abs));
+        EXPECT_TRUE(std::isnan(t.norm));
+      } else {
+        EXPECT_EQ(t.max_abs, c.max_abs);
+      }
+      if (c.inf && !c.nan) {
+        EXPECT_EQ(t.norm, std::numeric_limits<double>::infinity());
+      }
+      if (!c.nan && !c.inf) {
+        const quad exact = gradclip_test::exact_norm(as_std(before[k]));
+        EXPECT_LE(gradclip_test::relative_error(t.norm, exact), gradclip_test::robust_norm_bound<T>());
+      }
+    }
+    EXPECT_EQ(report.first_nonfinite(), special ? 1u : grads.size());
+    EXPECT_EQ(r.finite, !special);
+  }
+}
+
+TYPED_TEST(Report, ChangesNoResultAndNoBitForOneAndTwoThreads) {
+  using T = TypeParam;
+  std::mt19937_64 rng(gradclip_test::seed);
+  // Large enough that two threads really split the work (a few MiB).
+  std::vector<vector_of<T>> grads;
+  for (std::size_t s : {std::size_t{1} << 21, std::size_t{300000}, std::size_t{17}}) {
+    const std::vector<T> values = gradclip_test::random_gradient<T>(s, rng);
+    grads.push_back(Eigen::Map<const vector_of<T>>(values.data(), static_cast<Eigen::Index>(s)));
+  }
+  for (unsigned threads : {1u, 2u}) {
+    for (gradclip::norm_type norm : {gradclip::norm_type(2.0), gradclip::inf_norm, gradclip::norm_type(1.0)}) {
+      auto plain = grads, reported = grads;
+      gradclip::options opt;
+      opt.threads = threads;
+      opt.norm = norm;
+      const auto expected = gradclip::clip_by_global_norm(plain, 1.0, opt);
+      gradclip::tensor_report report;
+      opt.report = &report;
+      const auto got = gradclip::clip_by_global_norm(reported, 1.0, opt);
+      SCOPED_TRACE(std::to_string(threads) + " threads, p = " + std::to_string(norm.p()));
+      EXPECT_TRUE(expected.clipped);
+      EXPECT_EQ(std::memcmp(&got.norm, &expected.norm, sizeof(double)), 0);
+      EXPECT_EQ(std::memcmp(&got.coefficient, &expected.coefficient, sizeof(double)), 0);
+      for (std::size_t k = 0; k < grads.size(); ++k)
+        EXPECT_TRUE(gradclip_test::same_bits(as_std(plain[k]), as_std(reported[k])));
+      ASSERT_EQ(report.size(), grads.size());
+      // The group's norm from the tensors' norms: exactly for the max norm, within the bound for L2.
+      if (norm.p() == std::numeric_limits<double>::infinity()) {
+        double largest = 0;
+        for (const auto& t : report) largest = std::max(largest, t.norm);
+        EXPECT_EQ(largest, expected.norm);
+      }
+      if (norm.p() == 2.0) {
+        const quad exact = gradclip_test::exact_norm(as_std(grads[0]));
+        EXPECT_LE(gradclip_test::relative_error(report[0].norm, exact), gradclip_test::robust_norm_bound<T>());
+      }
+    }
+  }
+}
+
+TEST(Report, ReusedWithoutStaleEntries) {
+  std::vector<vector_of<float>> three(3, vector_of<float>::Ones(10)), one(1, vector_of<float>::Zero(4));
+  gradclip::tensor_report report;
+  gradclip::options opt;
+  opt.report = &report;
+  (void)gradclip::clip_by_global_norm(three, 1.0, opt);
+  ASSERT_EQ(report.size(), 3u);
+  (void)gradclip::clip_by_global_norm(one, 1.0, opt);
+  ASSERT_EQ(report.size(), 1u);
+  EXPECT_EQ(report[0].zeros, 4u);
+  EXPECT_EQ(report[0].norm, 0.0);
+}
+
+TEST(Report, FilledByNormsSingleGradientsAndBracedLists) {
+  vector_of<Eigen::half> h = vector_of<Eigen::half>::Constant(8, Eigen::half(300.0f));
+  vector_of<double> d = vector_of<double>::Zero(3);
+  gradclip::tensor_report report;
+  gradclip::options opt;
+  opt.report = &report;
+  EXPECT_EQ(gradclip::norm(h, opt), std::sqrt(8.0) * 300);
+  ASSERT_EQ(report.size(), 1u);
+  EXPECT_EQ(report[0].max_abs, 300.0);
+  (void)gradclip::clip_by_norm(h, 1.0, opt);
+  ASSERT_EQ(report.size(), 1u);
+  EXPECT_EQ(report[0].norm, std::sqrt(8.0) * 300);  // before clipping
+  (void)gradclip::global_norm({h, d}, opt);
+  ASSERT_EQ(report.size(), 2u);
+  EXPECT_EQ(report[1].zeros, 3u);
+  (void)gradclip::clip_by_global_norm({h, d}, 1.0, opt);
+  ASSERT_EQ(report.size(), 2u);
+  EXPECT_EQ(report[0].size, 8u);
+}
+
+TEST(Report, LeftAsItWasByACallThatThrows) {
+  std::vector<vector_of<float>> good(2, vector_of<float>::Constant(5, 3.0f));
+  std::vector<vector_of<float>> bad{vector_of<float>::Zero(7), vector_of<float>::Zero(7), vector_of<float>::Zero(7)};
+  bad[2][1] = std::numeric_limits<float>::infinity();
+  gradclip::tensor_report report;
+  gradclip::options opt;
+  opt.report = &report;
+  (void)gradclip::clip_by_global_norm(good, 1.0, opt);
+  const auto check_unchanged = [&] {
+    ASSERT_EQ(report.size(), 2u);
+    EXPECT_EQ(report[0].size, 5u);
+    EXPECT_EQ(report[1].max_abs, 3.0);
+    EXPECT_EQ(report[1].inf, 0u);
+  };
+  opt.nonfinite = gradclip::on_nonfinite::error;
+  EXPECT_THROW((void)gradclip::clip_by_global_norm(bad, 1.0, opt), gradclip::nonfinite_error);
+  check_unchanged();
+  EXPECT_THROW((void)gradclip::clip_coefficient(bad, 1.0, opt), gradclip::nonfinite_error);
+  check_unchanged();
+  opt.nonfinite = gradclip::on_nonfinite::skip;
+  EXPECT_THROW((void)gradclip::clip_by_global_norm(bad, -1.0, opt), std::invalid_argument);
+  check_unchanged();
+  // An executor that throws while the pieces are read or written.
+  struct throwing_executor : gradclip::executor {
+    void run(unsigned, const std::function<void(unsigned)>&) const override {
+      throw std::runtime_error("executor failed");
+    }
+  } executor;
+  std::vector<vector_of<float>> large(2, vector_of<float>::Constant(1 << 20, 1.0f));
+  opt.pool = &executor;
+  opt.threads = 2;
+  EXPECT_THROW((void)gradclip::clip_by_global_norm(large, 1.0, opt), std::runtime_error);
+  check_unchanged();
+  EXPECT_THROW((void)gradclip::global_norm(large, opt), std::runtime_error);
+  check_unchanged();
+}
+
+TEST(NonfiniteError, NamesTheFirstNonfiniteGradient) {
+  for (bool with_report : {false, true}) {
+    std::vector<vector_of<float>> grads(4, vector_of<float>::Ones(100));
+    grads[2][7] = std::numeric_limits<float>::quiet_NaN();
+    grads[2][8] = std::numeric_limits<float>::quiet_NaN();
+    grads[2][9] = -std::numeric_limits<float>::infinity();
+    grads[3][0] = std::numeric_limits<float>::infinity();
+    gradclip::tensor_report report;
+    gradclip::options opt;
+    opt.nonfinite = gradclip::on_nonfinite::error;
+    if (with_report) opt.report = &report;
+    try {
+      (void)gradclip::clip_by_global_norm(grads, 1.0, opt);
+      ADD_FAILURE() << "no nonfinite_error";
+    } catch (const gradclip::nonfinite_error& e) {
+      EXPECT_EQ(e.tensor, 2u);
+      EXPECT_EQ(e.nan, 2u);
+      EXPECT_EQ(e.inf, 1u);
+      EXPECT_TRUE(std::isnan(e.norm));
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind("gradclip::clip_by_global_norm: ", 0), 0u) << what;
+      EXPECT_NE(what.find("gradient 2 is the first with NaN or Inf (2 NaN, 1 Inf)"), std::string::npos) << what;
+    }
+    EXPECT_TRUE(report.empty());
+  }
+}
+
+TEST(NonfiniteError, SaysNoElementIsNonfiniteWhenTheNormOverflowed) {
+  vector_of<Eigen::half> g = vector_of<Eigen::half>::Constant(2, Eigen::half(60000.0f));
+  gradclip::options opt;
+  opt.nonfinite = gradclip::on_nonfinite::error;
+  try {
+    (void)gradclip::clip_by_norm<gradclip::naive>(g, 1.0, opt);
+    ADD_FAILURE() << "no nonfinite_error";
+  } catch (const gradclip::nonfinite_error& e) {
+    EXPECT_EQ(e.tensor, gradclip::nonfinite_error::no_tensor);
+    EXPECT_NE(std::string(e.what()).find("no element is NaN or Inf"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Report, LossScalerCountsTheStoredElementsAndUnscalesTheNorm) {
+  // An FP16 gradient scaled by S = 2^-10, a loss scale far too low: many of its values flush to zero or
+  // become subnormal in storage, which the report shows next to the unscaled norm.
+  std::mt19937_64 rng(gradclip_test::seed);
+  const double scale = 0x1p-10;
+  std::vector<double> exact = gradclip_test::random_gradient<double>(4096, rng, 1e-2);
+  vector_of<Eigen::half> g(4096);
+  for (std::size_t i = 0; i < exact.size(); ++i) g[static_cast<Eigen::Index>(i)] = Eigen::half(exact[i] * scale);
+  const expected_counts stored = count_widened(g);
+  ASSERT_GT(stored.subnormals, 1000u);
+  gradclip::loss_scaler_config config;
+  config.init_scale = scale;
+  const gradclip::loss_scaler scaler(config);
+  gradclip::tensor_report report;
+  gradclip::options opt;
+  opt.report = &report;
+  const vector_of<Eigen::half> before = g;
+  const auto r = scaler.unscale_and_clip(g, 1e6, opt);
+  ASSERT_EQ(report.size(), 1u);
+  EXPECT_EQ(report[0].zeros, stored.zeros);
+  EXPECT_EQ(report[0].subnormals, stored.subnormals);
+  EXPECT_EQ(report[0].norm, r.norm);  // one gradient: its norm is the group's, g / S
+  EXPECT_EQ(report[0].max_abs, stored.max_abs / scale);
+  EXPECT_LE(gradclip_test::relative_error(report[0].norm, gradclip_test::exact_norm(as_std(before)) / quad(scale)),
+            gradclip_test::robust_norm_bound<Eigen::half>());
+  EXPECT_NEAR(report[0].underflow_fraction(), static_cast<double>(stored.zeros + stored.subnormals) / 4096.0, 0.0);
+}
+
+template <class T>
+class ClipCoefficient : public ::testing::Test {};
+TYPED_TEST_SUITE(ClipCoefficient, gradclip_test::element_types);
+
+template <class Policy, class T>
+void expect_coefficient_is_the_clips(double max_norm, gradclip::on_nonfinite mode, bool nonfinite) {
+  std::mt19937_64 rng(gradclip_test::seed);
+  std::vector<vector_of<T>> grads;
+  for (std::size_t s : {std::size_t{5000}, std::size_t{3}, std::size_t{70000}}) {
+    const std::vector<T> values = gradclip_test::random_gradient<T>(s, rng);
+    grads.push_back(Eigen::Map<const vector_of<T>>(values.data(), static_cast<Eigen::Index>(s)));
+  }
+  if (nonfinite) grads[1][2] = std::numeric_limits<T>::infinity();
+  const auto untouched = grads;
+  gradclip::options opt;
+  opt.nonfinite = mode;
+  const auto plan = gradclip::clip_coefficient<Policy>(grads, max_norm, opt);
+  for (std::size_t k = 0; k < grads.size(); ++k)
+    EXPECT_TRUE(gradclip_test::same_bits(as_std(grads[k]), as_std(untouched[k])));
+  auto clipped = grads;
+  const auto r = gradclip::clip_by_global_norm<Policy>(clipped, max_norm, opt);
+  EXPECT_EQ(std::memcmp(&plan.norm, &r.norm, sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(&plan.coefficient, &r.coefficient, sizeof(double)), 0);
+  EXPECT_EQ(plan.clipped, r.clipped);
+  EXPECT_EQ(plan.finite, r.finite);
+  EXPECT_EQ(plan.threshold, r.threshold);
+}
+
+TYPED_TEST(ClipCoefficient, IsClipByGlobalNormsResultWithoutWriting) {
+  using T = TypeParam;
+  for (double max_norm : {0.5, 1e6, 0.0}) {
+    expect_coefficient_is_the_clips<gradclip::robust, T>(max_norm, gradclip::on_nonfinite::skip, false);
+    expect_coefficient_is_the_clips<gradclip::max_scale, T>(max_norm, gradclip::on_nonfinite::skip, false);
+    expect_coefficient_is_the_clips<gradclip::promote, T>(max_norm, gradclip::on_nonfinite::skip, false);
+  }
+  for (auto mode : {gradclip::on_nonfinite::skip, gradclip::on_nonfinite::propagate})
+    expect_coefficient_is_the_clips<gradclip::robust, T>(1.0, mode, true);
+}
+
+TEST(ClipCoefficient, SingleGradientsBuffersAndBracedLists) {
+  vector_of<Eigen::half> h = vector_of<Eigen::half>::Constant(1, Eigen::half(300.0f));
+  vector_of<float> f = vector_of<float>::Constant(2, 1e20f);
+  const auto one = gradclip::clip_coefficient(h, 1.0);
+  EXPECT_TRUE(one.clipped);
+  EXPECT_EQ(one.norm, 300.0);
+  EXPECT_EQ(static_cast<float>(h[0]), 300.0f);
+  const auto buffer = gradclip::clip_coefficient(f.data(), 2, 1.0);
+  const quad exact = gradclip_test::exact_norm(f.data(), 2);
+  EXPECT_LE(gradclip_test::relative_error(buffer.norm, exact), gradclip_test::robust_norm_bound<float>());
+  const auto list = gradclip::clip_coefficient({h, f}, 1.0);
+  auto h2 = h;
+  auto f2 = f;
+  const auto clipped = gradclip::clip_by_global_norm({h2, f2}, 1.0);
+  EXPECT_EQ(list.coefficient, clipped.coefficient);
+  EXPECT_EQ(list.norm, clipped.norm);
+  EXPECT_THROW((void)gradclip::clip_coefficient(h, -1.0), std::invalid_argument);
+  gradclip::tensor_report report;
+  gradclip::options opt;
+  opt.report = &report;
+  (void)gradclip::clip_coefficient({h, f}, 1.0, opt);
+  ASSERT_EQ(report.size(), 2u);
+  EXPECT_EQ(report[0].max_abs, 300.0);
+  EXPECT_EQ(report[1].size, 2u);
+}
+
+}  // namespace
