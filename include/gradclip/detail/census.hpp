@@ -1,6 +1,6 @@
 // The element census behind options::report: zeros, subnormals, NaN, Inf and max |x| of a run, counted on
-// the elements' bits. Integer arithmetic only, so every CPU counts the same, and the loops vectorize in
-// any target (compare and add on lanes as wide as the element).
+// the elements' bits. Integer arithmetic only, so every CPU counts the same. The counting loop is in
+// kernels.inc (census_of), compiled and vectorized for each target; reduce.hpp's count_elements calls it.
 #pragma once
 
 #include <gradclip/detail/config.hpp>
@@ -57,37 +57,17 @@ struct float_bits<double> {
 /// the loop needs no widening, and a fixed trip count lets even -O2's cheap vectorizer take it.
 inline constexpr std::size_t census_block = 1024;
 
-template <class T>
-census count_elements(const T* p, std::size_t n) noexcept {
-  using bits = float_bits<std::remove_const_t<T>>;
-  using I = typename bits::type;
-  static_assert(sizeof(I) == sizeof(T), "an element is read as one integer of its width");
-  census c;
-  c.size = n;
-  I top = 0;  // the largest magnitude below NaN, as bits
-  const auto block = [&](const T* q, std::size_t m) {
-    I zeros = 0, subnormals = 0, infs = 0, nans = 0, block_top = 0;
-    for (std::size_t i = 0; i < m; ++i) {
-      I x;
-      std::memcpy(&x, q + i, sizeof x);
-      const I a = static_cast<I>(x & bits::mask);
-      zeros = static_cast<I>(zeros + (a == 0));
-      subnormals = static_cast<I>(subnormals + (a != 0 && a < bits::min_normal));
-      infs = static_cast<I>(infs + (a == bits::inf));
-      nans = static_cast<I>(nans + (a > bits::inf));
-      block_top = std::max(block_top, a > bits::inf ? I(0) : a);
-    }
-    c.zeros += static_cast<std::size_t>(zeros), c.subnormals += static_cast<std::size_t>(subnormals);
-    c.inf += static_cast<std::size_t>(infs), c.nan += static_cast<std::size_t>(nans);
-    top = std::max(top, block_top);
-  };
-  std::size_t i = 0;
-  for (; i + census_block <= n; i += census_block) block(p + i, census_block);
-  if (i < n) block(p + i, n - i);
-  std::remove_const_t<T> largest;
-  std::memcpy(static_cast<void*>(&largest), &top, sizeof top);  // bits of a trivially copyable T
-  c.max_abs = static_cast<double>(widen<double>(largest));
-  return c;
+/// NaN and Inf counts and the largest non-NaN magnitude of a block that holds one of them (the rare path).
+template <class I, class Bits, class T>
+void count_nonfinite(const T* q, std::size_t m, census& c, I& top) noexcept {
+  for (std::size_t i = 0; i < m; ++i) {
+    I x;
+    std::memcpy(&x, q + i, sizeof x);
+    const I a = static_cast<I>(x & Bits::mask);
+    c.inf += a == Bits::inf;
+    c.nan += a > Bits::inf;
+    if (a <= Bits::inf) top = std::max(top, a);
+  }
 }
 
 }  // namespace detail

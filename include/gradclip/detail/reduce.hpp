@@ -61,6 +61,12 @@ inline partial_norm unscaled_part(double total) noexcept {
 /// again while the chunk is still in L1 or L2. A multiple of every block, so chunks change no bit.
 inline constexpr std::size_t observed_chunk = 8192;
 
+/// The census of a run on the best kernels (census_of, kernels.inc).
+template <class T>
+census count_elements(const T* p, std::size_t n) noexcept {
+  return with_isa(best_isa(), [&](auto k) { return decltype(k)::census_of(p, n); });
+}
+
 /// The observer of a reduction that nothing observes.
 struct no_observer {
   template <class T>

@@ -5,6 +5,7 @@
 // by name (exact squares, the FP64 compensated kernels), never by contraction.
 #pragma once
 
+#include <gradclip/detail/census.hpp>
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/numerics.hpp>
