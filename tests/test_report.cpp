@@ -273,7 +273,7 @@ TEST(NonfiniteError, SaysNoElementIsNonfiniteWhenTheNormOverflowed) {
     ADD_FAILURE() << "no nonfinite_error";
   } catch (const gradclip::nonfinite_error& e) {
     EXPECT_EQ(e.tensor, gradclip::nonfinite_error::no_tensor);
-    EXPECT_NE(std::string(e.what()).find("no element is NaN or Inf"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no element of these gradients is NaN or Inf"), std::string::npos) << e.what();
   }
 }
 

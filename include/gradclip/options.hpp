@@ -74,7 +74,8 @@ struct options {
 
 /// Thrown with on_nonfinite::error when the norm is not finite. Nothing has been modified. It names the
 /// first gradient of the group (by its index) that holds a NaN or an Inf, with its counts; when no element
-/// is NaN or Inf (the norm itself overflowed, as naive's FP16 sum does) `tensor` is no_tensor.
+/// is NaN or Inf (the norm itself overflowed, as naive's FP16 sum does, or with gradclip::mpi another rank
+/// holds them) `tensor` is no_tensor.
 struct nonfinite_error : std::runtime_error {
   static constexpr std::size_t no_tensor = static_cast<std::size_t>(-1);
 
@@ -86,7 +87,8 @@ struct nonfinite_error : std::runtime_error {
                   std::size_t inf_count)
       : std::runtime_error(function + ": the gradient norm is not finite (" + std::to_string(computed_norm) + "); " +
                            (first_tensor == no_tensor
-                                ? std::string("no element is NaN or Inf (the norm overflowed)")
+                                ? std::string("no element of these gradients is NaN or Inf (the norm overflowed, or "
+                                              "another rank's is not finite)")
                                 : "gradient " + std::to_string(first_tensor) + " is the first with NaN or Inf (" +
                                       std::to_string(nan_count) + " NaN, " + std::to_string(inf_count) + " Inf)") +
                            "; no gradient was modified"),

@@ -282,8 +282,23 @@ TEST(Mpi, NaNOnOneRankMakesEveryRankSkipOrThrow) {
     (void)gradclip::mpi::clip_by_global_norm(MPI_COMM_WORLD, mine, 1.0, {gradclip::on_nonfinite::error});
   } catch (const gradclip::nonfinite_error& e) {
     threw = std::isnan(e.norm);
+    // Each rank names its own first non-finite gradient, or none.
+    EXPECT_EQ(e.tensor, rank_of() == last ? 1u : gradclip::nonfinite_error::no_tensor);
   }
   EXPECT_TRUE(on_every_rank(threw));
+
+  // Each rank's report describes its local gradients.
+  gradclip::tensor_report report;
+  gradclip::options reported;
+  reported.report = &report;
+  (void)gradclip::mpi::clip_by_global_norm(MPI_COMM_WORLD, mine, 1.0, reported);
+  EXPECT_EQ(report.size(), mine.size());
+  EXPECT_EQ(report.first_nonfinite(), rank_of() == last ? 1u : mine.size());
+  if (!report.empty()) {
+    EXPECT_EQ(report[0].norm, 5.0);
+  }
+  EXPECT_TRUE(std::isnan(gradclip::mpi::global_norm(MPI_COMM_WORLD, mine, reported)));
+  EXPECT_EQ(report.size(), mine.size());
   EXPECT_EQ(std::memcmp(mine[0].data(), before[0].data(), 2 * sizeof(float)), 0);
 
   const auto propagated =
