@@ -8,10 +8,13 @@
 #include <Eigen/Core>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -163,7 +166,31 @@ TYPED_TEST(ClipTyped, NonFinitePropagateBehavesLikePyTorch) {
   EXPECT_EQ(static_cast<double>(finite[0]), 3.0);
 }
 
-TYPED_TEST(ClipTyped, ClipByValueClampsToTheLimitRoundedDown) {
+template <class T>
+using bits_for =
+    std::conditional_t<sizeof(T) == 2, std::uint16_t, std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+
+/// limit (>= 0) rounded to nearest T, ties to even, +inf from half an ulp past the largest T (IEEE): by
+/// bisection over T's bit patterns and distances in binary128, independently of clip.hpp.
+template <class T>
+T reference_nearest(double limit) {
+  using B = bits_for<T>;
+  const auto value = [](B b) { return static_cast<double>(Eigen::numext::bit_cast<T>(b)); };
+  B low = 0, high = Eigen::numext::bit_cast<B>(std::numeric_limits<T>::infinity());
+  if (limit >= value(high)) return std::numeric_limits<T>::infinity();
+  while (high - low > 1) {
+    const B middle = static_cast<B>(low + (high - low) / 2);
+    (value(middle) <= limit ? low : high) = middle;
+  }
+  const quad below = to_quad(value(low));
+  const quad above =
+      std::isinf(value(high)) ? 2 * below - to_quad(value(static_cast<B>(low - 1))) : to_quad(value(high));
+  const quad to_low = to_quad(limit) - below, to_high = above - to_quad(limit);
+  const bool up = to_high < to_low || (to_high == to_low && (low & 1) != 0);
+  return Eigen::numext::bit_cast<T>(up ? high : low);
+}
+
+TYPED_TEST(ClipTyped, ClipByValueClampsToTheLimitRoundedToNearest) {
   using T = TypeParam;
   std::vector<T> g{T(0.05f),
                    T(-3),
@@ -173,10 +200,8 @@ TYPED_TEST(ClipTyped, ClipByValueClampsToTheLimitRoundedDown) {
                    std::numeric_limits<T>::quiet_NaN()};
   gradclip::clip_by_value(g, 0.1);
   EXPECT_EQ(static_cast<double>(g[0]), static_cast<double>(T(0.05f)));
-  for (std::size_t i = 1; i < 5; ++i) {
-    EXPECT_LE(std::abs(static_cast<double>(g[i])), 0.1);
-    EXPECT_GT(std::abs(static_cast<double>(g[i])), 0.1 * (1 - 2 * epsilon_of<T>()));
-  }
+  for (std::size_t i = 1; i < 5; ++i)
+    EXPECT_EQ(std::abs(static_cast<double>(g[i])), static_cast<double>(reference_nearest<T>(0.1)));
   EXPECT_LT(static_cast<double>(g[1]), 0.0);
   EXPECT_TRUE(std::isnan(static_cast<double>(g[5])));
   std::vector<T> h{T(-7), T(7)};
@@ -185,6 +210,129 @@ TYPED_TEST(ClipTyped, ClipByValueClampsToTheLimitRoundedDown) {
   EXPECT_TRUE(same_bits(h, before));
   gradclip::clip_by_value(h, 1e300);  // beyond T's range: every finite value already fits
   EXPECT_TRUE(same_bits(h, before));
+}
+
+// The bound is the limit rounded to nearest in T, as PyTorch, TensorFlow and Optax round it: ties to even,
+// limits that a conversion through float would round twice, limits at and past the largest T (+inf from
+// half an ulp past it, so infinities then stay), subnormal and zero limits. Elements at, beside and past
+// the bound are clamped to it exactly.
+TYPED_TEST(ClipTyped, ClipByValueBoundIsTheLimitRoundedToNearest) {
+  using T = TypeParam;
+  const int digits = std::numeric_limits<T>::digits;
+  const double largest = static_cast<double>(std::numeric_limits<T>::max());
+  const double half_ulp_past = largest + std::ldexp(1.0, std::numeric_limits<T>::max_exponent - digits - 1);
+  const double tie = 1 + std::ldexp(1.0, -digits);  // halfway between 1 and the next T
+  const std::vector<double> limits{4.4,
+                                   0.1,
+                                   1.0 / 3,
+                                   1e-3,
+                                   tie,
+                                   1 + 3 * std::ldexp(1.0, -digits),
+                                   tie + std::ldexp(1.0, -40),  // float rounds it to the tie
+                                   tie - std::ldexp(1.0, -40),
+                                   largest,
+                                   std::nextafter(half_ulp_past, 0.0),
+                                   half_ulp_past,
+                                   1e300,
+                                   static_cast<double>(std::numeric_limits<T>::denorm_min()) * 0.5,
+                                   static_cast<double>(std::numeric_limits<T>::denorm_min()) * 0.75,
+                                   1e-320,
+                                   0.0};
+  for (const double limit : limits) {
+    SCOPED_TRACE("limit " + std::to_string(limit));
+    const T bound = reference_nearest<T>(limit);
+    const double b = static_cast<double>(bound);
+    std::vector<T> g;
+    for (const double x : {b, 2 * b, 0.5 * b, limit, 4.4, 3.0, 1e-3, largest, 0.0})
+      for (const double sign : {1.0, -1.0}) g.push_back(T(static_cast<float>(sign * x)));
+    g.push_back(std::numeric_limits<T>::infinity());
+    g.push_back(-std::numeric_limits<T>::infinity());
+    g.push_back(std::numeric_limits<T>::quiet_NaN());
+    const auto original = g;
+    gradclip::clip_by_value(g, limit);
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const double x = static_cast<double>(original[i]);
+      const T expected = x > b ? bound : (x < -b ? T(-bound) : original[i]);
+      if (std::isnan(x))
+        EXPECT_TRUE(std::isnan(static_cast<double>(g[i])));
+      else
+        EXPECT_EQ(Eigen::numext::bit_cast<bits_for<T>>(g[i]), Eigen::numext::bit_cast<bits_for<T>>(expected))
+            << "element " << x << " became " << static_cast<double>(g[i]) << ", expected " << b;
+    }
+  }
+  // Ties to even; the double-rounding trap rounds up; past the largest T by half an ulp, +inf.
+  if constexpr (!std::is_same_v<T, double>) {  // FP64's tie is no double
+    EXPECT_EQ(static_cast<double>(reference_nearest<T>(tie)), 1.0);
+    EXPECT_GT(static_cast<double>(reference_nearest<T>(tie + std::ldexp(1.0, -40))), 1.0);
+  }
+  EXPECT_EQ(static_cast<double>(reference_nearest<T>(std::nextafter(half_ulp_past, 0.0))), largest);
+  EXPECT_TRUE(std::isinf(static_cast<double>(reference_nearest<T>(half_ulp_past))));
+}
+
+// The case: FP32 clip_by_value(x, 4.4) clamps to 4.4000001f (PyTorch, TensorFlow, Optax), not 4.3999996f.
+TEST(Clip, ClipByValueFloat44ClampsTo44000001) {
+  std::vector<float> g{5.0f, -5.0f, 4.0f};
+  gradclip::clip_by_value(g, 4.4);
+  EXPECT_EQ(g[0], 4.4000001f);
+  EXPECT_EQ(g[1], -4.4000001f);
+  EXPECT_EQ(g[2], 4.0f);
+  EXPECT_GT(static_cast<double>(g[0]), 4.4);
+  EXPECT_NE(g[0], 4.3999996f);
+}
+
+// A total norm reduced elsewhere, as a double: c = max_norm / (total + epsilon), rounded once, applied as the
+// native clip applies it; each element within one ulp of the exact g * max_norm / total (binary128).
+TYPED_TEST(ClipTyped, ClipByGlobalNormTakesATotalNormReducedElsewhere) {
+  using T = TypeParam;
+  std::mt19937_64 rng(seed + 27);
+  std::vector<std::vector<T>> grads{random_gradient<T>(300, rng), random_gradient<T>(41, rng)};
+  const auto original = grads;
+  std::vector<T> all = grads[0];
+  all.insert(all.end(), grads[1].begin(), grads[1].end());
+  const quad exact = exact_norm(all);
+  const double total = static_cast<double>(exact);
+  const double max_norm = total / 3;
+  const auto result = gradclip::clip_by_global_norm(grads, total, max_norm);
+  EXPECT_EQ(result.norm, total);
+  EXPECT_TRUE(result.clipped);
+  EXPECT_TRUE(result.finite);
+  EXPECT_EQ(result.coefficient, static_cast<double>(to_quad(max_norm) / to_quad(total)));
+  for (std::size_t t = 0; t < grads.size(); ++t)
+    for (std::size_t i = 0; i < grads[t].size(); ++i)
+      ASSERT_LE(ulps(grads[t][i], to_quad(original[t][i]) * to_quad(max_norm) / to_quad(total)), 1.0) << t << ", " << i;
+  // A total at or below max_norm leaves every bit; epsilon enters as in the other overloads.
+  auto untouched = original;
+  EXPECT_FALSE(gradclip::clip_by_global_norm(untouched, total, total * 2).clipped);
+  EXPECT_TRUE(same_bits(untouched[0], original[0]));
+  auto with_epsilon = original;
+  const auto e = gradclip::clip_by_global_norm(with_epsilon, 4.0, 1.0, {on_nonfinite::propagate, 1.0});
+  EXPECT_EQ(e.coefficient, 0.2);
+}
+
+TYPED_TEST(ClipTyped, ClipByGlobalNormTotalNormNonFiniteAndBad) {
+  using T = TypeParam;
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<T>> grads{{T(3), T(-4)}, {T(1)}};
+  const auto original = grads;
+  const auto skipped = gradclip::clip_by_global_norm(grads, nan, 1.0);
+  EXPECT_FALSE(skipped.finite);
+  EXPECT_FALSE(skipped.clipped);
+  EXPECT_TRUE(same_bits(grads[0], original[0]));
+  EXPECT_THROW((void)gradclip::clip_by_global_norm(grads, inf, 1.0, {on_nonfinite::error}), gradclip::nonfinite_error);
+  EXPECT_TRUE(same_bits(grads[0], original[0]));
+  for (const double bad : {-1.0, -inf}) {
+    try {
+      (void)gradclip::clip_by_global_norm(grads, bad, 1.0);
+      ADD_FAILURE() << "expected std::invalid_argument";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("gradclip::clip_by_global_norm: total_norm", 0), 0u) << e.what();
+    }
+  }
+  EXPECT_THROW((void)gradclip::clip_by_global_norm(grads, 5.0, -1.0), std::invalid_argument);
+  EXPECT_TRUE(same_bits(grads[0], original[0]));
+  const auto propagated = gradclip::clip_by_global_norm(grads, inf, 1.0, {on_nonfinite::propagate});
+  EXPECT_EQ(propagated.coefficient, 0.0);
+  EXPECT_EQ(static_cast<double>(grads[0][1]), 0.0);
 }
 
 TYPED_TEST(ClipTyped, ClippedGradientKeepsDirectionAndHasNormMaxNorm) {

@@ -1,5 +1,8 @@
 // The libtorch adapter against torch::nn::utils::clip_grad_norm_ and clip_grad_value_ themselves (libtorch 1.13)
-// and against binary128 references.
+// and against binary128 references. Built twice: test_torch (CPU tensors through gradclip's kernels) and
+// test_torch_ops (GRADCLIP_TORCH_FORCE_OPS=1: every tensor through libtorch's operations, the CUDA path).
+// GRADCLIP_TEST_DEVICE (e.g. cuda) puts the gradients of the shared helpers on that device
+// (scripts/gpu_check.sh).
 #include <gradclip/torch.hpp>
 
 #include "reference.hpp"
@@ -11,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -27,10 +31,17 @@ constexpr double nan = std::numeric_limits<double>::quiet_NaN();
 
 const gradclip::options pytorch{gradclip::on_nonfinite::propagate, 1e-6};
 
+/// The device of the test gradients: GRADCLIP_TEST_DEVICE, the CPU by default.
+torch::Device test_device() {
+  const char* name = std::getenv("GRADCLIP_TEST_DEVICE");
+  return torch::Device(name && *name ? name : "cpu");
+}
+
 /// A parameter of the given dtype whose gradient holds `values`.
 torch::Tensor parameter_with_grad(const std::vector<double>& values, torch::Dtype type) {
-  auto p = torch::zeros({static_cast<std::int64_t>(values.size())}, torch::dtype(type)).requires_grad_(true);
-  p.mutable_grad() = torch::tensor(values, torch::kDouble).to(type);
+  auto p = torch::zeros({static_cast<std::int64_t>(values.size())}, torch::dtype(type).device(test_device()))
+               .requires_grad_(true);
+  p.mutable_grad() = torch::tensor(values, torch::kDouble).to(test_device(), type);
   return p;
 }
 
@@ -43,8 +54,8 @@ std::vector<torch::Tensor> random_model(torch::Dtype type, std::mt19937& rng) {
                                                 {dim(rng)},           {dim(rng), 3, 3, 3}, {dim(rng)}};
   std::vector<torch::Tensor> parameters;
   for (const auto& shape : shapes) {
-    auto p = torch::zeros(shape, torch::dtype(type)).requires_grad_(true);
-    p.mutable_grad() = (torch::randn(shape, torch::kDouble) * std::pow(10.0, exponent(rng))).to(type);
+    auto p = torch::zeros(shape, torch::dtype(type).device(test_device())).requires_grad_(true);
+    p.mutable_grad() = (torch::randn(shape, torch::kDouble) * std::pow(10.0, exponent(rng))).to(test_device(), type);
     parameters.push_back(p);
   }
   return parameters;
@@ -62,14 +73,14 @@ std::vector<torch::Tensor> clone_with_grads(const std::vector<torch::Tensor>& pa
 
 /// Every element of a tensor as a double (exact for all four dtypes).
 std::vector<double> values_of(const torch::Tensor& t) {
-  const auto d = t.to(torch::kDouble).contiguous();
+  const auto d = t.to(torch::kDouble).cpu().contiguous();
   return {d.data_ptr<double>(), d.data_ptr<double>() + d.numel()};
 }
 
 /// True when two tensors hold the same bytes, NaN payloads and signs of zero included.
 bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  const auto x = a.contiguous();
-  const auto y = b.contiguous();
+  const auto x = a.cpu().contiguous();
+  const auto y = b.cpu().contiguous();
   return x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
          std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
@@ -158,8 +169,8 @@ void compare_elements(const std::vector<torch::Tensor>& originals, const std::ve
   errors.tolerance = std::max(errors.tolerance, tolerance);
   for (std::size_t i = 0; i < ours.size(); ++i) {
     const auto original = values_of(originals[i].grad());
-    const auto a = ours[i].grad().contiguous().view(-1);
-    const auto b = theirs ? (*theirs)[i].grad().contiguous().view(-1) : a;
+    const auto a = ours[i].grad().cpu().contiguous().view(-1);
+    const auto b = theirs ? (*theirs)[i].grad().cpu().contiguous().view(-1) : a;
     for (std::int64_t k = 0; k < a.numel(); ++k) {
       const quad exact = gradclip_test::to_quad(original[static_cast<std::size_t>(k)]) * coefficient;
       const double ours_error = gradclip_test::ulps<T>(element_at<T>(a, k), exact);
@@ -351,7 +362,9 @@ TEST(TorchDropIn, SingleTensorAndBracedListOverloads) {
   EXPECT_NEAR(gradclip::libtorch::clip_grad_norm_(single, 10.0), 5 / (7 + 1e-6), 1e-15);
 }
 
-// The drop-in runs on libtorch's intra-op thread count; the bits do not depend on it.
+// The drop-in runs on libtorch's intra-op thread count; on the native path the bits do not depend on it. The
+// op path's sums are libtorch's, whose CPU kernels split by thread count: there the norms agree within the
+// policy's bound.
 TEST(TorchDropIn, LibtorchThreadCountGivesTheSameBits) {
   torch::manual_seed(11);
   const int threads = torch::get_num_threads();
@@ -363,10 +376,16 @@ TEST(TorchDropIn, LibtorchThreadCountGivesTheSameBits) {
   const auto reference = clone_with_grads(ours);
   torch::set_num_threads(2);
   const double got = gradclip::libtorch::clip_grad_norm_(ours, 1.0);
+  torch::set_num_threads(1);
+  const double expected = gradclip::libtorch::clip_grad_norm_(reference, 1.0);
   torch::set_num_threads(threads);
-  const auto expected = gradclip::libtorch::clip_grad_norm_with(reference, 1.0, pytorch);
-  EXPECT_EQ(got, expected.norm);
-  EXPECT_TRUE(expected.clipped);
+  EXPECT_LT(expected, 1e6);
+  EXPECT_GT(expected, 1.0);
+  if (gradclip::libtorch::detail::use_ops(ours)) {
+    EXPECT_LE(std::abs(got - expected), 1e-14 * expected) << got << " against " << expected;
+    return;
+  }
+  EXPECT_EQ(got, expected);
   for (std::size_t i = 0; i < ours.size(); ++i) EXPECT_TRUE(same_bits(ours[i].grad(), reference[i].grad()));
 }
 
@@ -735,6 +754,12 @@ TEST(TorchWithOptions, NonFiniteNormsFollowTheOptions) {
 
 TEST(TorchWithOptions, PolicyIsPassedThrough) {
   auto ours = parameter_with_grad({300}, torch::kHalf);
+  if (gradclip::libtorch::detail::use_ops({ours.grad()})) {
+    // libtorch's operations compute the robust policy only, and say so.
+    expect_rejected([&] { (void)gradclip::libtorch::clip_grad_norm_with<gradclip::naive>({ours}, 1.0, pytorch); },
+                    ours.grad(), "gradclip::libtorch::clip_grad_norm_with", "robust policy only");
+    return;
+  }
   (void)gradclip::libtorch::clip_grad_norm_with<gradclip::naive>({ours}, 1.0, pytorch);
   EXPECT_EQ(ours.grad().item<double>(), 0.0) << "naive reproduces the FP16 overflow on purpose";
 }
@@ -809,6 +834,237 @@ TEST(TorchAdaptiveClip, ParametersWithoutGradientAndBadArguments) {
   weight.mutable_grad() = torch::ones({3, 2}, torch::kFloat);
   EXPECT_THROW((void)gradclip::libtorch::adaptive_clip_(weight, 0.01), std::invalid_argument);
   EXPECT_TRUE(torch::equal(weight.grad(), torch::ones({3, 2}, torch::kFloat)));
+}
+
+// ---- the libtorch-ops path: tensors on any device but the CPU (all of them under GRADCLIP_TORCH_FORCE_OPS) ----
+
+/// The gradients of `parameters`.
+std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& parameters) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : parameters) grads.push_back(p.grad());
+  return grads;
+}
+
+/// clip_grad_norm_'s steps through the op path whatever the build: reduce, plan, scale.
+double clip_through_ops(const std::vector<torch::Tensor>& parameters, double max_norm, double p = 2.0) {
+  const auto grads = gradients_of(parameters);
+  const gradclip::partial_norm part = gradclip::libtorch::detail::op_reduce(grads, p);
+  const gradclip::options opt{gradclip::on_nonfinite::propagate, 1e-6, gradclip::norm_type{p}};
+  const auto plan = gradclip::detail::plan_clip("clip_through_ops", part, max_norm, opt);
+  if (plan.result.clipped) gradclip::libtorch::detail::op_scale(grads, plan.coefficient);
+  return plan.result.norm;
+}
+
+/// The op path's norm of random models is within the documented bound of the binary128 norm, so within
+/// twice that bound of the native path's (CPU runs); every element it clips is the exact g * c within
+/// 0.5 ulp plus its coefficient's error: the norm's, FP64's roundings, and for FP16/BF16 the FP32
+/// coefficient and product (2 * 2^-24).
+template <class T>
+void expect_op_path_within_bound(torch::Dtype type, double p) {
+  std::printf("seed %llu, p = %g\n", static_cast<unsigned long long>(gradclip_test::seed), p);
+  std::mt19937 rng(gradclip_test::seed + 27);
+  torch::manual_seed(gradclip_test::seed + 27);
+  element_errors errors;
+  double op_worst = 0, apart_worst = 0;
+  const gradclip::options opt{gradclip::on_nonfinite::propagate, 1e-6, gradclip::norm_type{p}};
+  for (int model = 0; model < 20; ++model) {
+    SCOPED_TRACE("model " + std::to_string(model));
+    const auto ops = random_model(type, rng);
+    const auto originals = clone_with_grads(ops);
+    const double max_norm = std::pow(10.0, std::uniform_real_distribution<double>(-2, 3)(rng));
+    const quad exact = exact_global_norm(originals, p);
+    const double op_norm = clip_through_ops(ops, max_norm, p);
+    const double op_error = gradclip_test::relative_error(op_norm, exact);
+    EXPECT_LE(op_error, documented_norm_bound<T>(p));
+    op_worst = std::max(op_worst, op_error);
+    if (test_device().is_cpu()) {
+      std::vector<gradclip::grad_view> native;
+      for (const auto& g : gradients_of(originals)) native.push_back(gradclip::libtorch::detail::flat_view(g));
+      const double native_norm = gradclip::global_norm(native, opt);
+      const double apart = std::abs(op_norm - native_norm) / static_cast<double>(exact);
+      EXPECT_LE(apart, 2 * documented_norm_bound<T>(p)) << op_norm << " against the native " << native_norm;
+      apart_worst = std::max(apart_worst, apart);
+    }
+    const double narrow = sizeof(T) == 2 ? 0x1p-23 : 0.0;
+    compare_elements<T>(originals, ops, nullptr, exact_coefficient(exact, max_norm), op_error + 0x1p-52 + narrow,
+                        errors);
+  }
+  std::printf("op path: norm relative error %.3g, apart from the native path %.3g; elements %.3f ulp (held to %.3f)\n",
+              op_worst, apart_worst, errors.ours, errors.tolerance);
+}
+
+TEST(TorchOpPath, Float16AgreesWithTheNativePath) {
+  for (const double p : {1.0, 2.0, 3.0, inf}) expect_op_path_within_bound<Eigen::half>(torch::kHalf, p);
+}
+TEST(TorchOpPath, BFloat16AgreesWithTheNativePath) {
+  for (const double p : {1.0, 2.0, 3.0, inf}) expect_op_path_within_bound<Eigen::bfloat16>(torch::kBFloat16, p);
+}
+TEST(TorchOpPath, Float32AgreesWithTheNativePath) {
+  for (const double p : {1.0, 2.0, 3.0, inf}) expect_op_path_within_bound<float>(torch::kFloat, p);
+}
+TEST(TorchOpPath, Float64AgreesWithTheNativePath) {
+  for (const double p : {1.0, 2.0, 3.0, inf}) expect_op_path_within_bound<double>(torch::kDouble, p);
+}
+
+// The seed cases through libtorch's operations: FP16 [300] -> [1]; FP16 [60000, 60000] and FP32 [1e20, 1e20]
+// -> 0.7071 each, with the right norm (libtorch: an FP16 error on the CPU, inf on CUDA).
+TEST(TorchOpPath, SeedCasesHold) {
+  auto small = parameter_with_grad({300}, torch::kHalf);
+  EXPECT_EQ(clip_through_ops({small}, 1.0), 300.0);
+  EXPECT_EQ(small.grad().item<double>(), 1.0);
+  for (const auto& [type, value] : {std::pair{torch::kHalf, 60000.0}, std::pair{torch::kFloat, 1e20}}) {
+    SCOPED_TRACE(c10::toString(type));
+    auto big = parameter_with_grad({value, value}, type);
+    const double stored = big.grad()[0].item<double>();
+    const quad exact = gradclip_test::to_quad(stored) * gradclip_test::quad_sqrt(2);
+    const double norm = clip_through_ops({big}, 1.0);
+    EXPECT_LE(gradclip_test::relative_error(norm, exact), type == torch::kHalf ? 16 * 0x1p-24 : 1e-14) << norm;
+    const quad expected = gradclip_test::to_quad(stored) * exact_coefficient(exact, 1.0);
+    for (int i = 0; i < 2; ++i) {
+      const double got = big.grad()[i].item<double>();
+      EXPECT_NEAR(got, 0.70710678, 1e-3);
+      if (type == torch::kHalf)
+        EXPECT_EQ(got, static_cast<double>(Eigen::half(static_cast<float>(expected))));
+      else
+        EXPECT_LE(gradclip_test::ulps<float>(static_cast<float>(got), expected), 0.5 + 0x1p-20);
+    }
+    EXPECT_EQ(big.grad().scalar_type(), type);
+  }
+}
+
+// Each tensor keeps its dtype, device, shape and storage (clipped in place, strided ones too).
+TEST(TorchOpPath, DeviceDtypeAndStorageAreKept) {
+  std::vector<torch::Tensor> parameters;
+  for (const auto type : {torch::kHalf, torch::kBFloat16, torch::kFloat, torch::kDouble}) {
+    parameters.push_back(parameter_with_grad({300, -400, 1200}, type));
+    auto strided = torch::zeros({3}, torch::dtype(type).device(test_device())).requires_grad_(true);
+    strided.mutable_grad() = (torch::ones({3, 2}, torch::dtype(type).device(test_device())) * 7).select(1, 1);
+    parameters.push_back(strided);
+  }
+  std::vector<const void*> storage;
+  for (const auto& p : parameters) storage.push_back(p.grad().data_ptr());
+  (void)clip_through_ops(parameters, 1.0);
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    EXPECT_EQ(parameters[i].grad().data_ptr(), storage[i]) << i;
+    EXPECT_EQ(parameters[i].grad().device(), test_device()) << i;
+    EXPECT_EQ(parameters[i].grad().scalar_type(), parameters[i].scalar_type()) << i;
+    EXPECT_EQ(parameters[i].grad().numel(), 3) << i;
+    EXPECT_LT(std::abs(parameters[i].grad()[0].item<double>()), 1.0) << i;
+  }
+}
+
+// Tensors on two devices in one call: std::invalid_argument naming both, before anything is modified.
+TEST(TorchOpPath, MixedDevicesAreRefusedNamingBoth) {
+  auto valid = parameter_with_grad({300, 400}, torch::kFloat);
+  const auto other = test_device().is_cpu() ? torch::Device(torch::kMeta) : torch::Device(torch::kCPU);
+  auto elsewhere = torch::zeros({2}, torch::device(other)).requires_grad_(true);
+  elsewhere.mutable_grad() = torch::ones({2}, torch::device(other));
+  const std::string both =
+      "device " + test_device().str() + " and the gradient of parameter 1 on device " + other.str();
+  expect_rejected(
+      [&] {
+        (void)gradclip::libtorch::clip_grad_norm_({valid, elsewhere}, 1.0);
+      },
+      valid.grad(), "gradclip::libtorch::clip_grad_norm_", both);
+  expect_rejected(
+      [&] {
+        gradclip::libtorch::clip_grads_with_norm_({valid, elsewhere}, 1.0, 500.0);
+      },
+      valid.grad(), "gradclip::libtorch::clip_grads_with_norm_", both);
+  expect_rejected(
+      [&] {
+        (void)gradclip::libtorch::get_total_norm({valid.grad(), elsewhere.grad()});
+      },
+      valid.grad(), "gradclip::libtorch::get_total_norm", "one device");
+}
+
+// ---- PyTorch 2.x's split API: get_total_norm, clip_grads_with_norm_ ----
+
+/// get_total_norm then clip_grads_with_norm_ give clip_grad_norm_'s norm and elements bit for bit.
+template <class T>
+void expect_split_gives_the_same_bits(torch::Dtype type) {
+  std::mt19937 rng(gradclip_test::seed + 2);
+  torch::manual_seed(gradclip_test::seed + 2);
+  for (const double p : {1.0, 2.0, 3.0, inf})
+    for (int model = 0; model < 10; ++model) {
+      SCOPED_TRACE("p = " + std::to_string(p) + ", model " + std::to_string(model));
+      const auto whole = random_model(type, rng);
+      const auto split = clone_with_grads(whole);
+      const double max_norm = std::pow(10.0, std::uniform_real_distribution<double>(-2, 3)(rng));
+      const double norm = gradclip::libtorch::clip_grad_norm_(whole, max_norm, p);
+      const double total = gradclip::libtorch::get_total_norm(gradients_of(split), p);
+      gradclip::libtorch::clip_grads_with_norm_(split, max_norm, total);
+      EXPECT_EQ(std::memcmp(&norm, &total, sizeof(double)), 0) << norm << " against " << total;
+      for (std::size_t i = 0; i < whole.size(); ++i) EXPECT_TRUE(same_bits(whole[i].grad(), split[i].grad())) << i;
+    }
+}
+
+TEST(TorchSplitApi, Float16GivesClipGradNormsBits) { expect_split_gives_the_same_bits<Eigen::half>(torch::kHalf); }
+TEST(TorchSplitApi, BFloat16GivesClipGradNormsBits) {
+  expect_split_gives_the_same_bits<Eigen::bfloat16>(torch::kBFloat16);
+}
+TEST(TorchSplitApi, Float32GivesClipGradNormsBits) { expect_split_gives_the_same_bits<float>(torch::kFloat); }
+TEST(TorchSplitApi, Float64GivesClipGradNormsBits) { expect_split_gives_the_same_bits<double>(torch::kDouble); }
+
+// Non-finite gradients: NaN or +inf from get_total_norm, propagated by clip_grads_with_norm_ as by
+// clip_grad_norm_; error_if_nonfinite throws from get_total_norm, naming it, and modifies nothing.
+TEST(TorchSplitApi, NonFiniteNormsAsClipGradNorm) {
+  for (const double bad : {nan, inf}) {
+    const std::vector<torch::Tensor> whole{parameter_with_grad({bad, 1, -2}, torch::kFloat),
+                                           parameter_with_grad({0.5}, torch::kDouble)};
+    const auto split = clone_with_grads(whole);
+    const auto before = clone_with_grads(whole);
+    const double norm = gradclip::libtorch::clip_grad_norm_(whole, 1.0);
+    const double total = gradclip::libtorch::get_total_norm(gradients_of(split));
+    EXPECT_EQ(std::isnan(total), std::isnan(bad));
+    EXPECT_EQ(std::isnan(norm), std::isnan(total));
+    gradclip::libtorch::clip_grads_with_norm_(split, 1.0, total);
+    for (std::size_t i = 0; i < whole.size(); ++i) EXPECT_TRUE(same_bits_any_nan(whole[i].grad(), split[i].grad()));
+    try {
+      (void)gradclip::libtorch::get_total_norm(gradients_of(before), 2.0, true);
+      ADD_FAILURE() << "expected gradclip::nonfinite_error";
+    } catch (const gradclip::nonfinite_error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("gradclip::libtorch::get_total_norm", 0), 0u) << e.what();
+    }
+  }
+  EXPECT_EQ(gradclip::libtorch::get_total_norm({}), 0.0);
+  EXPECT_EQ(gradclip::libtorch::get_total_norm({torch::Tensor()}), 0.0);
+}
+
+// The one difference: a finite FP64 group whose norm exceeds double's range. clip_grad_norm_ returns +inf
+// and clips it right; the double get_total_norm returns cannot carry it, so clip_grads_with_norm_ applies
+// PyTorch's arithmetic to +inf (the gradients are zeroed, as PyTorch does).
+TEST(TorchSplitApi, NormBeyondDoublesRangeIsTheOneDifference) {
+  auto whole = parameter_with_grad({1.5e308, 1.5e308}, torch::kDouble);
+  auto split = parameter_with_grad({1.5e308, 1.5e308}, torch::kDouble);
+  EXPECT_TRUE(std::isinf(gradclip::libtorch::clip_grad_norm_(whole, 1.0)));
+  EXPECT_NEAR(whole.grad()[0].item<double>(), std::sqrt(0.5), 1e-15);
+  const double total = gradclip::libtorch::get_total_norm({split.grad()});
+  EXPECT_TRUE(std::isinf(total));
+  gradclip::libtorch::clip_grads_with_norm_({split}, 1.0, total);
+  EXPECT_EQ(split.grad()[0].item<double>(), 0.0);
+}
+
+TEST(TorchSplitApi, BadArgumentsThrowBeforeAnythingIsModified) {
+  auto p = parameter_with_grad({300, 400}, torch::kFloat);
+  const std::string clip = "gradclip::libtorch::clip_grads_with_norm_";
+  expect_rejected([&] { gradclip::libtorch::clip_grads_with_norm_({p}, 1.0, -1.0); }, p.grad(), clip, "total_norm");
+  expect_rejected([&] { gradclip::libtorch::clip_grads_with_norm_({p}, -1.0, 5.0); }, p.grad(), clip, "max_norm");
+  expect_rejected([&] { gradclip::libtorch::clip_grads_with_norm_({p}, nan, 5.0); }, p.grad(), clip, "max_norm");
+  expect_rejected([&] { (void)gradclip::libtorch::get_total_norm({p.grad()}, 0.0); }, p.grad(),
+                  "gradclip::libtorch::get_total_norm", "norm");
+  expect_rejected(
+      [&] {
+        (void)gradclip::libtorch::get_total_norm({torch::tensor({1, 2}, torch::kInt)});
+      },
+      p.grad(), "gradclip::libtorch::get_total_norm", "gradient 0");
+  // A total norm that does not clip leaves the gradients alone; one that does clips by max_norm / (total + 1e-6).
+  const auto before = p.grad().clone();
+  gradclip::libtorch::clip_grads_with_norm_({p}, 1e3, 500.0);
+  EXPECT_TRUE(same_bits(p.grad(), before));
+  gradclip::libtorch::clip_grads_with_norm_({p}, 1.0, 500.0);
+  const quad c = quad(1) / (quad(500) + quad(1e-6));
+  EXPECT_LE(gradclip_test::ulps<float>(p.grad()[1].item<float>(), 400 * c), 0.5 + 0x1p-20);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -22,18 +23,27 @@ inline namespace GRADCLIP_ABI {
 
 namespace detail {
 
-/// The largest T not above limit (>= 0), so that clipped values never exceed it after rounding.
+/// limit (>= 0) rounded to nearest T, ties to even, beyond T's range to +inf (IEEE conversion, as
+/// PyTorch, TensorFlow and Optax round a bound): exact, where converting through float would round twice.
 template <class T>
-T largest_not_above(double limit) noexcept {
-  T bound = narrow<T>(limit);
-  while (static_cast<double>(bound) > limit) {
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      bound = std::nextafter(bound, T(0));
-    } else {
-      bound = Eigen::numext::bit_cast<T>(static_cast<std::uint16_t>(Eigen::numext::bit_cast<std::uint16_t>(bound) - 1));
-    }
+T nearest_bound(double limit) noexcept {
+  if constexpr (std::is_same_v<T, double>) {
+    return limit;
+  } else {
+    using bits = std::conditional_t<std::is_same_v<T, float>, std::uint32_t, std::uint16_t>;
+    const auto step = [](T x, int by) {  // the next T up or down (positive x; +inf follows the largest)
+      return Eigen::numext::bit_cast<T>(static_cast<bits>(Eigen::numext::bit_cast<bits>(x) + by));
+    };
+    T low = narrow<T>(limit);  // within one step of the answer
+    while (static_cast<double>(low) > limit) low = step(low, -1);
+    if (std::isinf(static_cast<double>(low))) return low;
+    const T high = step(low, 1);
+    // The midpoint is exact in double; above the largest T it is half a step past it.
+    const double l = static_cast<double>(low), h = static_cast<double>(high);
+    const double middle = std::isinf(h) ? l + (l - static_cast<double>(step(low, -1))) / 2 : l + (h - l) / 2;
+    if (limit != middle) return limit < middle ? low : high;
+    return (Eigen::numext::bit_cast<bits>(low) & 1) == 0 ? low : high;
   }
-  return bound;
 }
 
 }  // namespace detail
@@ -125,8 +135,30 @@ clip_result clip_coefficient(const T* data, std::size_t size, double max_norm, c
   return clip_coefficient<Policy>(detail::strided_view<const T>{data, size}, max_norm, opt);
 }
 
-/// Clamps every element to [-limit, limit] in place (limit rounded down to the element type, so no
-/// result exceeds it). NaN elements stay NaN. Throws std::invalid_argument for a negative or NaN limit.
+/// Clips this process's gradients by a total norm the caller reduced elsewhere, as a double (PyTorch 2.x's
+/// clip_grads_with_norm_): c = max_norm / (total_norm + epsilon) when c < 1, the gradients not read again.
+/// A NaN or +inf total_norm follows opt.nonfinite. Throws std::invalid_argument for a negative total_norm,
+/// a negative or NaN max_norm and bad options.
+///
+///     auto result = gradclip::clip_by_global_norm(local_grads, total_norm, 1.0);
+template <class Policy = robust, class Grads, class = std::enable_if_t<detail::is_gradient_range_v<Grads&>>>
+clip_result clip_by_global_norm(Grads&& local_grads, double total_norm, double max_norm, const options& opt = {}) {
+  constexpr const char* function = "gradclip::clip_by_global_norm";
+  detail::check_group<Grads&>();
+  if (total_norm < 0)
+    throw std::invalid_argument(std::string(function) + ": total_norm must be >= 0, NaN or +inf, not " +
+                                std::to_string(total_norm));
+  // A norm is the part of one element of its magnitude; as a maximum it is held exactly.
+  const partial_norm total = std::isfinite(total_norm)
+                                 ? partial_norm{0, total_norm, true, std::numeric_limits<double>::infinity()}
+                                 : partial_norm::nonfinite(total_norm);
+  return detail::clip<Policy>(function, local_grads, detail::fixed_threshold{max_norm}, opt, [&] { return total; });
+}
+
+/// Clamps every element to [-b, b] in place, b being limit rounded to nearest in the element type (ties
+/// to even; +inf beyond its range), as PyTorch, TensorFlow and Optax round a bound: clip_by_value(x, 4.4)
+/// on FP32 clamps to 4.4000001f. NaN elements stay NaN. Throws std::invalid_argument for a negative or NaN
+/// limit.
 template <class Grad, class = std::enable_if_t<detail::is_gradient_v<Grad>>>
 void clip_by_value(Grad&& g, double limit) {
   if (!(limit >= 0)) throw std::invalid_argument("gradclip::clip_by_value: limit must be >= 0 and not NaN");
@@ -134,14 +166,15 @@ void clip_by_value(Grad&& g, double limit) {
     using T = typename std::decay_t<decltype(view)>::element_type;
     static_assert(!std::is_const_v<T>, "Clipping modifies the gradient in place, so it cannot be const.");
     // abs: a limit of -0.0 is valid and must clamp positive elements to +0, not -0.
-    const T upper = detail::largest_not_above<T>(std::abs(limit));
+    const T upper = detail::nearest_bound<T>(std::abs(limit));
     const T lower = -upper;
+    const double bound = static_cast<double>(upper);
     view.for_each_run(
         [&](T* p, std::size_t n) {
           for (std::size_t i = 0; i < n; ++i) {
             const double x = static_cast<double>(p[i]);
-            if (x > limit) p[i] = upper;
-            if (x < -limit) p[i] = lower;
+            if (x > bound) p[i] = upper;
+            if (x < -bound) p[i] = lower;
           }
         },
         true);

@@ -1,6 +1,9 @@
 // libtorch adapter: clip_grad_norm_ and clip_grad_value_ are source-compatible drop-ins for
 // torch::nn::utils's (libtorch 1.13), right in every precision; clip_grad_norm_with and clip_grads_ take
-// gradclip::options and return the whole clip_result. The migration table is docs/libtorch.md.
+// gradclip::options and return the whole clip_result; get_total_norm and clip_grads_with_norm_ are PyTorch
+// 2.x's split of clip_grad_norm_. CPU tensors go through gradclip's kernels, tensors on any other device
+// (CUDA, ...) through libtorch's own operations on that device, with the same robust arithmetic
+// (GRADCLIP_TORCH_FORCE_OPS sends CPU tensors there too). The migration table is docs/libtorch.md.
 // Not included by gradclip.hpp; include it where libtorch is available.
 #pragma once
 
@@ -9,10 +12,13 @@
 #include <gradclip/detail/config.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
+#include <gradclip/partial_norm.hpp>
+#include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/_foreach_mul.h>
 #include <torch/types.h>
 
 #include <cmath>
@@ -25,6 +31,11 @@
 #include <utility>
 #include <vector>
 
+// 1: every tensor goes through the libtorch-ops path, CPU ones too (to test that path without a GPU).
+#ifndef GRADCLIP_TORCH_FORCE_OPS
+#define GRADCLIP_TORCH_FORCE_OPS 0
+#endif
+
 namespace gradclip {
 inline namespace GRADCLIP_ABI {
 namespace libtorch {
@@ -35,7 +46,7 @@ namespace detail {
 static_assert(sizeof(c10::Half) == sizeof(Eigen::half) && sizeof(c10::BFloat16) == sizeof(Eigen::bfloat16),
               "c10::Half and c10::BFloat16 must have the same 16 bits as Eigen::half and Eigen::bfloat16.");
 
-/// Throws std::invalid_argument, before anything is modified, for a tensor the kernels cannot read.
+/// Throws std::invalid_argument, before anything is modified, for a tensor neither path can read.
 /// `name` says which tensor it is in the caller's terms ("gradient 2", "the gradient of parameter 2").
 inline void check_supported(const char* function, const torch::Tensor& t, const std::string& name) {
   const auto reject = [&](const std::string& what) {
@@ -43,12 +54,19 @@ inline void check_supported(const char* function, const torch::Tensor& t, const 
   };
   if (t.layout() != torch::kStrided)
     reject("has layout " + c10::str(t.layout()) + "; only dense (strided) tensors are supported, not sparse ones");
-  if (!t.device().is_cpu()) reject("is on device " + t.device().str() + "; only CPU tensors are supported");
+  if (t.device().is_meta()) reject("is on device meta, which holds no data");
   const auto type = t.scalar_type();
   if (type != torch::kHalf && type != torch::kBFloat16 && type != torch::kFloat && type != torch::kDouble)
     reject("has dtype " + std::string(c10::toString(type)) + "; only Half, BFloat16, Float and Double are supported");
   if (at::has_internal_overlap(t) == at::MemOverlap::Yes)
     reject("has elements that share memory (as made by expand()), so it cannot be clipped in place");
+}
+
+/// Throws std::invalid_argument for a tensor the native kernels cannot read (adaptive_clip_ has no op path).
+inline void check_cpu(const char* function, const torch::Tensor& t, const std::string& name) {
+  if (!t.device().is_cpu())
+    throw std::invalid_argument(std::string(function) + ": " + name + " is on device " + t.device().str() +
+                                "; only CPU tensors are supported");
 }
 
 /// A view of a tensor whose elements fill one block of memory in some order (contiguous, transposed,
@@ -97,53 +115,187 @@ decltype(auto) with_element_type(const torch::Tensor& t, F&& f) {
   }
 }
 
-/// Clips `grads` (defined, already checked) under one global norm. Gradients with gaps between their
-/// elements (slices) are clipped through a contiguous copy that is written back only if clipping
-/// changed it, so the caller's tensor is modified in place either way.
+/// True when a call's tensors (on one device, checked) go through libtorch's operations.
+inline bool use_ops(const std::vector<torch::Tensor>& grads) {
+  return GRADCLIP_TORCH_FORCE_OPS || (!grads.empty() && !grads.front().device().is_cpu());
+}
+
+/// The group's part of the p-norm from libtorch operations on the tensors' device, robust as the native
+/// path: per tensor m = max|g| and the sum of |g / m|^p in FP64 (no element or sum over- or underflows),
+/// ||g|| = m * ||g / m||; the parts merged on the host as partial_norms (a mantissa and a power of two),
+/// which no group overflows. One host sync, whatever the number of tensors.
+inline partial_norm op_reduce(const std::vector<torch::Tensor>& grads, double p) {
+  const at::NoGradGuard no_grad;
+  std::vector<torch::Tensor> stats, scaled;  // stats: every tensor's maximum, then its scaled norm or sum
+  for (const auto& g : grads) {
+    if (g.numel() == 0) continue;
+    torch::Tensor a = g.to(torch::kDouble).abs();
+    stats.push_back(a.amax());
+    // A zero maximum divides zeros by the smallest double; a NaN or inf maximum is decided on the host.
+    if (!std::isinf(p)) scaled.push_back(a.div_(stats.back().clamp_min(std::numeric_limits<double>::denorm_min())));
+  }
+  const std::size_t n = stats.size();
+  partial_norm total{0, 0.0, true, p};
+  if (n == 0) return total;
+  // Sums by at::sum (a cascade on the CPU, a tree on CUDA): _foreach_norm's CPU path sums serially, 1e-14
+  // off on 3 M elements, beyond the policy's bound.
+  for (auto& y : scaled) stats.push_back((p == 1 ? y : p == 2 ? y.mul_(y) : y.pow_(p)).sum());
+  const torch::Tensor host = torch::stack(stats).to(torch::kCPU);  // the one host sync
+  const double* v = host.data_ptr<double>();
+  for (std::size_t i = 0; i < n; ++i) {
+    const double m = v[i];
+    if (!std::isfinite(m)) {
+      total.merge(partial_norm::nonfinite(m, p));
+      continue;
+    }
+    if (m == 0) continue;
+    int k = 0;
+    const double f = std::frexp(m, &k);  // m = f * 2^k exactly
+    double sum = f;                      // the maximum
+    if (p == 2) {
+      sum = f * f * v[n + i];
+    } else if (p == 1) {
+      sum = f * v[n + i];
+    } else if (!std::isinf(p)) {
+      sum = std::pow(f, p) * v[n + i];
+    }
+    total.merge({k, sum, true, p});
+  }
+  return total;
+}
+
+/// g <- g * c for every tensor with libtorch operations, one multiply each, rounded once from a wider
+/// product: FP64 by foreach, FP32 through FP64, FP16 and BF16 through FP32 (FP64 where c is below FP32's
+/// normal range). An FP64 coefficient below double's normal range is applied in two exact steps.
+inline void op_scale(const std::vector<torch::Tensor>& grads, const gradclip::detail::scaled& c) {
+  const at::NoGradGuard no_grad;
+  const double factor = c.value();
+  std::vector<torch::Tensor> doubles;
+  for (const auto& g : grads) {
+    if (g.scalar_type() == torch::kDouble) {
+      doubles.push_back(g);
+    } else {
+      const bool narrow = g.element_size() == 2 && !(std::abs(factor) < std::numeric_limits<float>::min());
+      g.copy_(g.to(narrow ? torch::kFloat : torch::kDouble).mul_(factor));
+    }
+  }
+  if (doubles.empty()) return;
+  if (factor != 0 && std::isfinite(factor) && std::abs(factor) < std::numeric_limits<double>::min()) {
+    at::_foreach_mul_(doubles, std::ldexp(c.mantissa, c.exponent + 512));
+    at::_foreach_mul_(doubles, std::ldexp(1.0, -512));
+  } else {
+    at::_foreach_mul_(doubles, factor);
+  }
+}
+
+/// A call's gradients (defined, checked, on one device), reduced and clipped through the native kernels
+/// or libtorch's operations (use_ops). Native: gradients with gaps between their elements (slices) go
+/// through contiguous copies, written back only if clipping changed them, so the caller's tensors are
+/// modified in place either way.
+template <class Policy>
+class tensor_group {
+ public:
+  tensor_group(const char* function, std::vector<torch::Tensor> grads)
+      : function_(function), grads_(std::move(grads)), ops_(use_ops(grads_)) {
+    if (ops_) {
+      if (!std::is_same_v<Policy, robust>)
+        throw std::invalid_argument(std::string(function) + ": tensors on device " + grads_.front().device().str() +
+                                    " go through libtorch's operations, which compute the robust policy only");
+      return;
+    }
+    views_.reserve(grads_.size());
+    for (const auto& g : grads_) {
+      if (g.is_non_overlapping_and_dense()) {
+        views_.push_back(flat_view(g));
+      } else {
+        copies_.emplace_back(g, g.contiguous());
+        views_.push_back(flat_view(copies_.back().second));
+      }
+    }
+  }
+
+  /// The part of the norm of kind opt.norm (options checked by the caller).
+  partial_norm reduce(const options& opt) const {
+    return ops_ ? op_reduce(grads_, opt.norm.p()) : partial_global_norm<Policy>(views_, opt);
+  }
+
+  /// Clips by a reduced part (a partial_norm) or a total norm (a double), PyTorch's rule.
+  template <class Total>
+  clip_result clip(const Total& total, double max_norm, const options& opt) {
+    try {
+      if (ops_) return clip_ops(total, max_norm, opt);
+      const clip_result result = clip_by_global_norm<Policy>(views_, total, max_norm, opt);
+      if (result.clipped) {
+        const at::NoGradGuard no_grad;  // a gradient that itself requires grad may still be written
+        for (auto& [original, copy] : copies_) original.copy_(copy);
+      }
+      return result;
+    } catch (const nonfinite_error& e) {
+      throw nonfinite_error(function_, e.norm);  // name the function the caller called
+    }
+  }
+
+ private:
+  clip_result clip_ops(const partial_norm& total, double max_norm, const options& opt) {
+    const auto plan = gradclip::detail::plan_clip(function_, total, max_norm, opt);
+    if (plan.result.clipped) op_scale(grads_, plan.coefficient);
+    return plan.result;
+  }
+  clip_result clip_ops(double total_norm, double max_norm, const options& opt) {
+    // As the core's clip_by_global_norm(grads, total_norm, max_norm, opt) reads a double.
+    return clip_ops(std::isfinite(total_norm)
+                        ? partial_norm{0, total_norm, true, std::numeric_limits<double>::infinity()}
+                        : partial_norm::nonfinite(total_norm),
+                    max_norm, opt);
+  }
+
+  const char* function_;
+  std::vector<torch::Tensor> grads_;
+  bool ops_;
+  std::vector<grad_view> views_;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies_;  // (caller's tensor, contiguous copy)
+};
+
+/// Clips `grads` (defined, already checked) under one global norm.
 // The threshold controllers of issue 14 will enter here: an overload taking the controller in place of
 // max_norm, forwarding to clip_by_global_norm<Policy>(views, controller, opt) with the same copies.
 template <class Policy>
 clip_result clip_tensors(const char* function, const std::vector<torch::Tensor>& grads, double max_norm,
                          const options& opt) {
   gradclip::detail::check_clip_arguments(function, max_norm, opt);
-  std::vector<grad_view> views;
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;  // (caller's tensor, contiguous copy)
-  views.reserve(grads.size());
-  for (const auto& g : grads) {
-    if (g.is_non_overlapping_and_dense()) {
-      views.push_back(flat_view(g));
-    } else {
-      copies.emplace_back(g, g.contiguous());
-      views.push_back(flat_view(copies.back().second));
-    }
-  }
-  const clip_result result = [&] {
-    try {
-      return clip_by_global_norm<Policy>(views, max_norm, opt);
-    } catch (const nonfinite_error& e) {
-      throw nonfinite_error(function, e.norm);  // name the function the caller called
-    }
-  }();
-  if (result.clipped) {
-    const at::NoGradGuard no_grad;  // a gradient that itself requires grad may still be written
-    for (auto& [original, copy] : copies) original.copy_(copy);
-  }
-  return result;
+  tensor_group<Policy> group(function, grads);
+  return group.clip(group.reduce(opt), max_norm, opt);
 }
 
-/// The defined gradients of `tensors` (their .grad() when `take_grad`), each checked before any is used.
+/// The defined gradients of `tensors` (their .grad() when `take_grad`), each checked before any is used,
+/// all on one device.
 inline std::vector<torch::Tensor> defined_gradients(const char* function, const std::vector<torch::Tensor>& tensors,
                                                     bool take_grad) {
   std::vector<torch::Tensor> grads;
+  std::string first;  // the first gradient's name
   grads.reserve(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (!tensors[i].defined()) continue;
     const torch::Tensor& g = take_grad ? tensors[i].grad() : tensors[i];
     if (!g.defined()) continue;
-    check_supported(function, g, (take_grad ? "the gradient of parameter " : "gradient ") + std::to_string(i));
+    const std::string name = (take_grad ? "the gradient of parameter " : "gradient ") + std::to_string(i);
+    if (grads.empty()) {
+      first = name;
+    } else if (g.device() != grads.front().device()) {
+      throw std::invalid_argument(std::string(function) + ": " + first + " is on device " +
+                                  grads.front().device().str() + " and " + name + " on device " + g.device().str() +
+                                  "; the tensors of one call must be on one device");
+    }
+    check_supported(function, g, name);
     grads.push_back(g);
   }
   return grads;
+}
+
+/// The options of the drop-ins: libtorch's epsilon and NaN/Inf arithmetic, its thread count.
+inline options drop_in_options(double norm_type, bool error_if_nonfinite) {
+  return {error_if_nonfinite ? on_nonfinite::error : on_nonfinite::propagate, 1e-6, gradclip::norm_type{norm_type},
+          static_cast<unsigned>(at::get_num_threads())};
 }
 
 /// Clamps one checked gradient to [-clip_value, clip_value] with libtorch's own clamp_, which rounds the
@@ -170,23 +322,30 @@ inline void clamp_gradient(const torch::Tensor& grad, double clip_value) {
 /// infinity for the max norm), g <- g * c with c = max_norm / (norm + 1e-6) when c < 1, and returns the
 /// norm. Parameters without a gradient are ignored (no gradient at all: returns 0). A NaN or infinite
 /// norm propagates as in libtorch (every element times NaN, or times 0) unless error_if_nonfinite is
-/// set: then gradclip::nonfinite_error is thrown and nothing is modified. Runs on at::get_num_threads()
-/// threads, with the same bits for any count.
+/// set: then gradclip::nonfinite_error is thrown and nothing is modified. CPU tensors run on
+/// at::get_num_threads() threads, with the same bits for any count; tensors on another device (CUDA)
+/// through libtorch's operations there, one host sync per call. The same bits as get_total_norm followed
+/// by clip_grads_with_norm_, except where a finite group's norm exceeds double's range (FP64 only): the
+/// norm returned is +inf and the gradients are still clipped right.
 ///
 /// Unlike libtorch 1.13 it clips FP16 (libtorch throws), rounds BF16 once (libtorch turns [300] into
 /// 0.996) and keeps FP32 [1e20, 1e20] finite (libtorch's norm is inf and it zeroes the gradient).
-/// Gradients may mix Half, BFloat16, Float and Double (CPU, dense, any strides). Throws
+/// Gradients may mix Half, BFloat16, Float and Double (dense, any strides), on one device. Throws
 /// std::invalid_argument, before anything is modified, for a negative or NaN max_norm, a norm_type that
-/// is not > 0 (libtorch computes something for those), and CUDA, sparse or other-dtype gradients.
+/// is not > 0 (libtorch computes something for those), tensors on two devices, and sparse, meta or
+/// other-dtype gradients.
 ///
 ///     double norm = gradclip::libtorch::clip_grad_norm_(model->parameters(), 1.0);
 inline double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type = 2.0,
                               bool error_if_nonfinite = false) {
   constexpr const char* function = "gradclip::libtorch::clip_grad_norm_";
-  const options opt{error_if_nonfinite ? on_nonfinite::error : on_nonfinite::propagate, 1e-6,
-                    gradclip::norm_type{norm_type}, static_cast<unsigned>(at::get_num_threads())};
-  return detail::clip_tensors<robust>(function, detail::defined_gradients(function, parameters, true), max_norm, opt)
-      .norm;
+  const options opt = detail::drop_in_options(norm_type, error_if_nonfinite);
+  gradclip::detail::check_clip_arguments(function, max_norm, opt);
+  detail::tensor_group<robust> group(function, detail::defined_gradients(function, parameters, true));
+  const partial_norm total = group.reduce(opt);
+  const double norm = total.norm();
+  if (total.finite && std::isinf(norm)) return group.clip(total, max_norm, opt).norm;
+  return group.clip(norm, max_norm, opt).norm;  // the split API's arithmetic
 }
 
 /// The same for a braced list of parameters: clip_grad_norm_({w, b}, 1.0).
@@ -199,6 +358,37 @@ inline double clip_grad_norm_(std::initializer_list<torch::Tensor> parameters, d
 inline double clip_grad_norm_(const torch::Tensor& parameter, double max_norm, double norm_type = 2.0,
                               bool error_if_nonfinite = false) {
   return clip_grad_norm_(std::vector<torch::Tensor>{parameter}, max_norm, norm_type, error_if_nonfinite);
+}
+
+/// PyTorch 2.x's torch.nn.utils.get_total_norm: the norm of order `norm_type` of the gradient tensors
+/// themselves (undefined ones are ignored), computed as clip_grad_norm_ computes it; NaN or +inf for
+/// non-finite gradients, or gradclip::nonfinite_error when error_if_nonfinite is set. Reads only.
+///
+///     const double total = gradclip::libtorch::get_total_norm(grads);
+///     gradclip::libtorch::clip_grads_with_norm_(model->parameters(), 1.0, total);
+inline double get_total_norm(const std::vector<torch::Tensor>& tensors, double norm_type = 2.0,
+                             bool error_if_nonfinite = false) {
+  constexpr const char* function = "gradclip::libtorch::get_total_norm";
+  const options opt = detail::drop_in_options(norm_type, error_if_nonfinite);
+  gradclip::detail::check_options(function, opt);
+  const detail::tensor_group<robust> group(function, detail::defined_gradients(function, tensors, false));
+  const partial_norm total = group.reduce(opt);
+  if (!total.finite && error_if_nonfinite) throw nonfinite_error(function, total.norm());
+  return total.norm();
+}
+
+/// PyTorch 2.x's torch.nn.utils.clip_grads_with_norm_: scales the .grad() of every parameter in place by
+/// c = max_norm / (total_norm + 1e-6) when c < 1, total_norm being reduced elsewhere (get_total_norm, or
+/// across ranks). A NaN or +inf total_norm propagates as in PyTorch. With get_total_norm's result it
+/// gives clip_grad_norm_'s bits. Throws std::invalid_argument, before anything is modified, for a negative
+/// or NaN max_norm, a negative total_norm and unsupported gradients.
+inline void clip_grads_with_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double total_norm) {
+  constexpr const char* function = "gradclip::libtorch::clip_grads_with_norm_";
+  const options opt = detail::drop_in_options(2.0, false);
+  gradclip::detail::check_clip_arguments(function, max_norm, opt);
+  if (total_norm < 0) throw std::invalid_argument(std::string(function) + ": total_norm must be >= 0, NaN or +inf");
+  detail::tensor_group<robust> group(function, detail::defined_gradients(function, parameters, true));
+  (void)group.clip(total_norm, max_norm, opt);
 }
 
 /// Drop-in for torch::nn::utils::clip_grad_value_: clamps the .grad() of every parameter to
@@ -264,6 +454,8 @@ inline adaptive_clip_result adaptive_clip_(const torch::Tensor& parameter, doubl
   const torch::Tensor& grad = parameter.grad();
   detail::check_supported(function, grad, "the gradient");
   detail::check_supported(function, parameter, "the parameter");
+  detail::check_cpu(function, grad, "the gradient");
+  detail::check_cpu(function, parameter, "the parameter");
   gradclip::detail::check_adaptive_clip_arguments(function, clipping, eps, options{nonfinite});
   const torch::Tensor weights = parameter.detach().contiguous();
   const bool in_place = grad.is_contiguous();
