@@ -244,8 +244,9 @@ class part_base {
   virtual void check_clip_by_value(double limit) const = 0;
 };
 
-/// The largest T >= 0 whose value does not exceed limit, by bisection over the ordered bit patterns
-/// of the non-negative values (an independent reference for largest_not_above).
+/// limit (>= 0) rounded to nearest in T, ties to even, +inf from half an ulp past T's largest value: by
+/// bisection over the ordered bit patterns of the non-negative values, then the midpoint in binary128 (an
+/// independent reference for clip_by_value's nearest_bound).
 template <class T>
 T reference_value_bound(double limit) {
   using bits = bits_t<T>;
@@ -259,7 +260,15 @@ T reference_value_bound(double limit) {
     else
       high = middle;
   }
-  return from_bits<T>(low);
+  // value(low) <= limit < value(high); beyond the largest finite value, the next value is one ulp on.
+  const quad below = gradclip_test::to_quad(from_bits<T>(low));
+  if (below == static_cast<quad>(limit)) return from_bits<T>(low);
+  const quad above = std::isinf(static_cast<double>(from_bits<T>(high)))
+                         ? 2 * below - gradclip_test::to_quad(from_bits<T>(static_cast<bits>(low - 1)))
+                         : gradclip_test::to_quad(from_bits<T>(high));
+  const quad middle = (below + above) / 2;  // exact in binary128 for every T
+  if (static_cast<quad>(limit) != middle) return from_bits<T>(static_cast<quad>(limit) < middle ? low : high);
+  return from_bits<T>((low & 1) == 0 ? low : high);
 }
 
 template <class T>
