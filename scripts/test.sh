@@ -2,8 +2,8 @@
 # Installs what is missing and runs the whole test suite: formatting, then every test built with g++ and
 # with clang++, and under AddressSanitizer and UndefinedBehaviorSanitizer; the threaded tests under
 # ThreadSanitizer; the core tests at -O0 with Eigen's assertions; the kernels' tests cross-built for arm64
-# and run under qemu-aarch64; and the default build's kernels tests and docs programs under qemu-x86_64 on
-# CPUs without AVX-512 (Haswell) and without AVX (Nehalem). Every stage fails if it ran fewer tests than
+# and run under qemu-aarch64; and the default build's kernels tests under qemu-x86_64 on CPUs without
+# AVX-512 (Haswell) and without AVX (Nehalem), with the docs programs under Nehalem. Every stage fails if it ran fewer tests than
 # it should (scripts/ctest_checked.sh), so a stage whose tests vanish cannot pass. Prints each stage's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,11 +69,13 @@ cmake --preset arm64 >/dev/null
 cmake --build --preset arm64 -j "$(nproc)"
 scripts/ctest_checked.sh 340 --preset arm64
 
-# The default build again, unchanged, on other x86-64 CPU models: its kernels tests and the docs' programs
-# and outputs must pass and print the documented digits where gradclip dispatches to AVX2 or portable code.
-for cpu in Haswell Nehalem; do
-  stage "qemu-x86_64 -cpu $cpu: the default build's kernels tests and docs outputs"
-  scripts/qemu_x86_64.sh build/default "$cpu" 340 11
-done
+# The default build again, unchanged, on other x86-64 CPU models: its kernels tests must pass where gradclip
+# dispatches to AVX2 (Haswell) or portable code (Nehalem), and the docs' programs and outputs print the
+# documented digits on the portable code. (The docs outputs under Haswell too cost about 5 minutes of CI's
+# budget; the kernels tests there check that AVX2 gives the portable code's bits.)
+stage "qemu-x86_64 -cpu Haswell: the default build's kernels tests"
+scripts/qemu_x86_64.sh build/default Haswell 340 0
+stage "qemu-x86_64 -cpu Nehalem: the default build's kernels tests and docs outputs"
+scripts/qemu_x86_64.sh build/default Nehalem 340 11
 stage ""
 echo "== all stages passed in $((SECONDS - start)) s"
