@@ -311,8 +311,8 @@ void merge_piece(Parts& parts, std::vector<partial_norm>* tensors, std::size_t f
   for (std::size_t u = 0; u < count; ++u) (*tensors)[tensor].merge(piece_parts[u]);
 }
 
-/// The number of gradients of a layout whose pieces are whole gradients or slices of them, in the order
-/// of options::report; 0 for layouts whose pieces read other tensors too (no report).
+/// Whether a layout's pieces are whole gradients or slices of them, counted by tensor_count() in the order
+/// of options::report (layouts of other units get no report).
 template <class Layout, class = void>
 struct reports_tensors : std::false_type {};
 template <class Layout>
@@ -656,7 +656,7 @@ void apply_units(const Layout& layout, const Plans& plans, const options& opt) {
 /// `e` naming the layout's first gradient that holds NaN or Inf (from the staged report, else from a
 /// census of the gradients), or saying that none does; `e` itself when the layout is not one of gradients.
 template <class Layout>
-nonfinite_error located(const nonfinite_error& e, const Layout& layout, const options& opt) {
+nonfinite_error located(const char* function, const nonfinite_error& e, const Layout& layout, const options& opt) {
   if constexpr (!reports_tensors<Layout>::value) {
     return e;
   } else {
@@ -669,9 +669,6 @@ nonfinite_error located(const nonfinite_error& e, const Layout& layout, const op
         p.view.for_each_run([&](const auto* q, std::size_t n) { counts[p.tensor].merge(count_elements(q, n)); });
       });
     }
-    // The message up to its norm, as the plan wrote it, then the gradient.
-    const std::string what = e.what();
-    const std::string function = what.substr(0, what.find(": the gradient norm is not finite"));
     for (std::size_t k = 0; k < counts.size(); ++k)
       if (counts[k].nan != 0 || counts[k].inf != 0)
         return nonfinite_error(function, e.norm, k, counts[k].nan, counts[k].inf);
@@ -695,7 +692,7 @@ auto run_units(const char* function, const Layout& layout, const Source& source,
       write(decided);
       return decided;
     } catch (const nonfinite_error& e) {
-      const nonfinite_error named = located(e, layout, opt);
+      const nonfinite_error named = located(function, e, layout, opt);
       if (opt.report) report_staging::unstage(*opt.report);
       throw named;
     } catch (...) {
