@@ -12,6 +12,13 @@ import csv
 import sys
 
 
+def machine_name(context):
+    """The CPU as lscpu names it (bench/cpu_context.cpp), with the host name beside it."""
+    model = context.get("cpu_model")
+    host = context.get("host_name", "?")
+    return f"{model} (host {host})" if model else host
+
+
 def load_matplotlib():
     import matplotlib
 
@@ -170,7 +177,7 @@ def bench(args):
 
     lines = [f"# gradclip benchmarks", ""]
     lines.append(
-        f"Machine: {context.get('host_name', '?')}, {context.get('num_cpus', '?')} CPUs at "
+        f"Machine: {machine_name(context)}, {context.get('num_cpus', '?')} CPUs at "
         f"{context.get('mhz_per_cpu', '?')} MHz; kernels: {context.get('gradclip_isa', '?')} "
         f"({context.get('gradclip_build', '?')}); one thread; medians of the repetitions; "
         f"roofline = the faster of a 256-bit and a 512-bit plain vectorized read (norm, clip that does not bind), "
@@ -408,7 +415,7 @@ def quick(args):
         rows.append(torch_row("the same on 256 tensors of 16 Ki", 256, 16 << 10, "FP32 ≥ 3"))
 
     lines = [
-        f"Machine: {context.get('host_name', '?')}, {context.get('num_cpus', '?')} CPUs at "
+        f"Machine: {machine_name(context)}, {context.get('num_cpus', '?')} CPUs at "
         f"{context.get('mhz_per_cpu', '?')} MHz; kernels: {context.get('gradclip_isa', '?')} "
         f"({context.get('gradclip_build', '?')}); one thread; paired ratios are medians of "
         f"{args.repetitions} repetitions, the other cases single runs.",
@@ -478,7 +485,7 @@ def sizes(args):
     lines = [
         "## Speed at every size (issue 16)",
         "",
-        f"`scripts/bench.sh --sizes`: machine {context.get('host_name', '?')}, {context.get('num_cpus', '?')} CPUs at "
+        f"`scripts/bench.sh --sizes`: machine {machine_name(context)}, {context.get('num_cpus', '?')} CPUs at "
         f"{context.get('mhz_per_cpu', '?')} MHz, kernels {context.get('gradclip_isa', '?')}; every figure a paired "
         "ratio (the parts timed in one loop, in rotating order), median of the repetitions.",
         "",
