@@ -84,8 +84,9 @@ inline quad exact_p_sum(const std::vector<quad>& values, double p) {
 /// The p-th root of an exact_p_sum: Newton's method from a double estimate for p >= 3 (sums between
 /// about 1e-100 and 1e100); the sum itself for p = 1 and p = inf.
 inline quad exact_p_root(quad sum, double p) {
+  if (std::isinf(p) || sum == 0) return sum;  // before the conversion, which is undefined for inf
   const int k = static_cast<int>(p);
-  if (std::isinf(p) || k == 1 || sum == 0) return sum;
+  if (k == 1) return sum;
   if (k == 2) return quad_sqrt(sum);
   quad r = std::pow(static_cast<double>(sum), 1.0 / p);
   for (int iteration = 0; iteration < 6; ++iteration) {
