@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing and runs the whole test suite: formatting, then every test built with g++
 # (Release) and built with clang++ under AddressSanitizer and UndefinedBehaviorSanitizer (with the fuzz
-# target); the threaded tests under ThreadSanitizer; the core tests at -O0 with Eigen's assertions; the
+# target); the thread pool's tests under ThreadSanitizer; the core tests at -O0 with Eigen's assertions; the
 # kernels' tests cross-built for arm64 and run under qemu-aarch64; and the default build's kernels tests
 # under qemu-x86_64 on CPUs without AVX-512 (Haswell) and without AVX (Nehalem), with the docs programs
 # under Nehalem. Every stage fails if it ran fewer tests than it should (scripts/ctest_checked.sh), so a
@@ -55,10 +55,12 @@ build_and_test default 600 "${not_system[@]}"
 # libFuzzer target's short run; not the 4 GiB test, which the default build ran. One build gives both the
 # second compiler and the sanitizers.
 build_and_test sanitize 580 "${sanitize_excluded[@]}"
-# ThreadSanitizer (g++) over the tests labelled threads: every test that sets options::threads or pool.
-build_and_test tsan 150
-# g++ -O0 -g with Eigen's and libstdc++'s assertions on, over the tests labelled kernels.
-build_and_test debug 340
+# ThreadSanitizer (g++) over the tests labelled pool: the thread pool itself, and calls that are concurrent,
+# nested in a pool's threads, in a forked child or given an executor that throws (the other threaded tests
+# run the same pool in the builds above).
+build_and_test tsan 35
+# g++ -O0 -g with Eigen's and libstdc++'s assertions on, over the tests labelled core.
+build_and_test debug 200
 
 # arm64: the tests labelled kernels cross-built with Debian's aarch64 g++ and run under qemu-aarch64 (the
 # portable kernels; no MPI, no libtorch). GoogleTest is built for arm64 first, from the sources libgtest-dev ships.
