@@ -29,7 +29,7 @@ function(gradclip_doc_fragments name)
   add_library(${name} OBJECT ${ARGN})
   target_link_libraries(${name} PRIVATE gradclip::gradclip)
   target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-  gradclip_strict_warnings(${name})
+  gradclip_unit_test(${name})  # compiled only, so at the unit tests' options
   gradclip_cpu_independent(${name})
   target_compile_options(${name} PRIVATE ${doc_fragment_warnings})
 endfunction()
