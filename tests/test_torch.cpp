@@ -699,6 +699,69 @@ TEST(TorchWithOptions, ParametersWithoutGradientAreIgnored) {
   EXPECT_EQ(gradclip::libtorch::clip_grad_norm_with({without}, 1.0).norm, 0.0);
 }
 
+/// options::report from clip_grad_norm_with: one entry per defined gradient (parameters without one are left
+/// out), in order, each counted exactly as its dtype sees it and its norm within the documented bound of
+/// the exact one; under skip it names the gradient that went NaN; a call that throws leaves it as it was.
+TEST(TorchWithOptions, ReportHasEveryDefinedGradientAsItWasRead) {
+  const double fp16_subnormal = std::ldexp(1.0, -20), fp32_subnormal = 1e-40, fp64_subnormal = 1e-310;
+  for (const gradclip::norm_type norm : {gradclip::l2_norm, gradclip::inf_norm}) {
+    const double p = norm.p();
+    auto half = parameter_with_grad({0, fp16_subnormal, -3, 0, 4}, torch::kHalf);
+    auto without = torch::ones({2}).requires_grad_(true);
+    auto single = parameter_with_grad({fp32_subnormal, -0.0, 12}, torch::kFloat);
+    auto wide = parameter_with_grad({1e300, -1e300, fp64_subnormal}, torch::kDouble);
+    auto empty = torch::zeros({0}, torch::dtype(torch::kBFloat16).device(test_device())).requires_grad_(true);
+    empty.mutable_grad() = torch::zeros({0}, torch::dtype(torch::kBFloat16).device(test_device()));
+    const std::vector<torch::Tensor> defined{half, single, wide, empty};
+    std::vector<quad> exact;
+    for (const auto& parameter : defined) exact.push_back(exact_global_norm({parameter}, p));
+
+    gradclip::tensor_report report;
+    gradclip::options opt{gradclip::on_nonfinite::skip, 0.0, norm};
+    opt.report = &report;
+    const auto result = gradclip::libtorch::clip_grad_norm_with({half, without, single, wide, empty}, 1.0, opt);
+    EXPECT_TRUE(result.clipped);
+    ASSERT_EQ(report.size(), 4u);
+    const double bounds[] = {documented_norm_bound<Eigen::half>(p), documented_norm_bound<float>(p),
+                             documented_norm_bound<double>(p), 0.0};
+    const std::size_t sizes[] = {5, 3, 3, 0}, zeros[] = {2, 1, 0, 0}, subnormals[] = {1, 1, 1, 0};
+    const double max_abs[] = {4, 12, 1e300, 0};
+    for (std::size_t i = 0; i < report.size(); ++i) {
+      SCOPED_TRACE("gradient " + std::to_string(i) + ", p = " + std::to_string(p));
+      EXPECT_EQ(report[i].size, sizes[i]);
+      EXPECT_EQ(report[i].nan, 0u);
+      EXPECT_EQ(report[i].inf, 0u);
+      EXPECT_EQ(report[i].zeros, zeros[i]);
+      EXPECT_EQ(report[i].subnormals, subnormals[i]);
+      EXPECT_EQ(report[i].max_abs, max_abs[i]);
+      if (exact[i] == 0) {
+        EXPECT_EQ(report[i].norm, 0.0);
+      } else {
+        EXPECT_LE(gradclip_test::relative_error(report[i].norm, exact[i]), bounds[i]);
+      }
+    }
+
+    auto poisoned = parameter_with_grad({1, nan, -inf}, torch::kFloat);
+    auto fine = parameter_with_grad({2}, torch::kHalf);
+    const auto skipped = gradclip::libtorch::clip_grad_norm_with({fine, poisoned}, 1.0, opt);
+    EXPECT_FALSE(skipped.finite);
+    ASSERT_EQ(report.size(), 2u);
+    EXPECT_EQ(report.first_nonfinite(), 1u);
+    EXPECT_EQ(report[0].norm, 2.0);
+    EXPECT_EQ(report[1].nan, 1u);
+    EXPECT_EQ(report[1].inf, 1u);
+    EXPECT_TRUE(std::isnan(report[1].max_abs));
+    EXPECT_FALSE(std::isfinite(report[1].norm));
+
+    opt.nonfinite = gradclip::on_nonfinite::error;
+    auto other = parameter_with_grad({5, 6, 7}, torch::kFloat);
+    EXPECT_THROW((void)gradclip::libtorch::clip_grad_norm_with({other, poisoned}, 1.0, opt), gradclip::nonfinite_error);
+    ASSERT_EQ(report.size(), 2u);  // still the skipped call's
+    EXPECT_EQ(report[0].norm, 2.0);
+    EXPECT_EQ(report[1].nan, 1u);
+  }
+}
+
 TEST(TorchWithOptions, ClipGradsTakesGradientTensors) {
   auto g = torch::tensor({3.0f, 4.0f});
   const auto result = gradclip::libtorch::clip_grads_({g, torch::Tensor()}, 1.0);

@@ -15,6 +15,7 @@
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
+#include <gradclip/report.hpp>
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
@@ -120,46 +121,76 @@ inline bool use_ops(const std::vector<torch::Tensor>& grads) {
   return GRADCLIP_TORCH_FORCE_OPS || (!grads.empty() && !grads.front().device().is_cpu());
 }
 
+/// The smallest positive normal value of a gradient's own dtype (below it, a nonzero element is subnormal).
+inline double smallest_normal(const torch::Tensor& g) {
+  switch (g.scalar_type()) {
+    case torch::kHalf:
+      return std::ldexp(1.0, -14);
+    case torch::kDouble:
+      return std::numeric_limits<double>::min();
+    default:  // Float and BFloat16
+      return std::numeric_limits<float>::min();
+  }
+}
+
 /// The group's part of the p-norm from libtorch operations on the tensors' device, robust as the native
 /// path: per tensor m = max|g| and the sum of |g / m|^p in FP64 (no element or sum over- or underflows),
 /// ||g|| = m * ||g / m||; the parts merged on the host as partial_norms (a mantissa and a power of two),
-/// which no group overflows. One host sync, whatever the number of tensors.
-inline partial_norm op_reduce(const std::vector<torch::Tensor>& grads, double p) {
+/// which no group overflows. With `report`, also one tensor_stats per gradient (options::report), counted
+/// on the device. One host sync, whatever the number of tensors.
+inline partial_norm op_reduce(const std::vector<torch::Tensor>& grads, double p,
+                              std::vector<tensor_stats>* report = nullptr) {
   const at::NoGradGuard no_grad;
-  std::vector<torch::Tensor> stats, scaled;  // stats: every tensor's maximum, then its scaled norm or sum
+  // stats: every nonempty tensor's maximum, then its scaled norm or sum, then (reporting) every tensor's
+  // counts of NaN, Inf, zero and subnormal elements, exact in FP64 below 2^53 elements.
+  std::vector<torch::Tensor> stats, scaled, counts;
   for (const auto& g : grads) {
+    torch::Tensor a = g.to(torch::kDouble).abs();  // exact for every dtype, and every CPU op takes FP64
+    if (report) {
+      for (const torch::Tensor& c : {a.isnan(), a.isinf(), a.eq(0), a.gt(0).logical_and_(a.lt(smallest_normal(g)))})
+        counts.push_back(c.sum().to(torch::kDouble));
+    }
     if (g.numel() == 0) continue;
-    torch::Tensor a = g.to(torch::kDouble).abs();
     stats.push_back(a.amax());
     // A zero maximum divides zeros by the smallest double; a NaN or inf maximum is decided on the host.
     if (!std::isinf(p)) scaled.push_back(a.div_(stats.back().clamp_min(std::numeric_limits<double>::denorm_min())));
   }
   const std::size_t n = stats.size();
-  partial_norm total{0, 0.0, true, p};
-  if (n == 0) return total;
   // Sums by at::sum (a cascade on the CPU, a tree on CUDA): _foreach_norm's CPU path sums serially, 1e-14
   // off on 3 M elements, beyond the policy's bound.
   for (auto& y : scaled) stats.push_back((p == 1 ? y : p == 2 ? y.mul_(y) : y.pow_(p)).sum());
-  const torch::Tensor host = torch::stack(stats).to(torch::kCPU);  // the one host sync
-  const double* v = host.data_ptr<double>();
-  for (std::size_t i = 0; i < n; ++i) {
-    const double m = v[i];
+  stats.insert(stats.end(), counts.begin(), counts.end());
+  const torch::Tensor host = stats.empty() ? torch::Tensor() : torch::stack(stats).to(torch::kCPU);  // the one sync
+  const double* v = stats.empty() ? nullptr : host.data_ptr<double>();
+  const double* count = v ? v + (std::isinf(p) ? n : 2 * n) : nullptr;
+  partial_norm total{0, 0.0, true, p};
+  if (report) report->assign(grads.size(), tensor_stats{});
+  for (std::size_t t = 0, i = 0; t < grads.size(); ++t) {
+    partial_norm part{0, 0.0, true, p};
+    const double m = grads[t].numel() == 0 ? 0.0 : v[i];
     if (!std::isfinite(m)) {
-      total.merge(partial_norm::nonfinite(m, p));
-      continue;
+      part = partial_norm::nonfinite(m, p);
+    } else if (m != 0) {
+      int k = 0;
+      const double f = std::frexp(m, &k);  // m = f * 2^k exactly
+      double sum = f;                      // the maximum
+      if (p == 2) {
+        sum = f * f * v[n + i];
+      } else if (p == 1) {
+        sum = f * v[n + i];
+      } else if (!std::isinf(p)) {
+        sum = std::pow(f, p) * v[n + i];
+      }
+      part = {k, sum, true, p};
     }
-    if (m == 0) continue;
-    int k = 0;
-    const double f = std::frexp(m, &k);  // m = f * 2^k exactly
-    double sum = f;                      // the maximum
-    if (p == 2) {
-      sum = f * f * v[n + i];
-    } else if (p == 1) {
-      sum = f * v[n + i];
-    } else if (!std::isinf(p)) {
-      sum = std::pow(f, p) * v[n + i];
-    }
-    total.merge({k, sum, true, p});
+    if (grads[t].numel() != 0) ++i;
+    total.merge(part);
+    if (!report) continue;
+    const double* c = count + 4 * t;  // NaN, Inf, zero, subnormal
+    const auto as_size = [](double x) { return static_cast<std::size_t>(x); };
+    (*report)[t] = {
+        part.norm(),  m, static_cast<std::size_t>(grads[t].numel()), as_size(c[0]), as_size(c[1]), as_size(c[2]),
+        as_size(c[3])};
   }
   return total;
 }
@@ -214,9 +245,14 @@ class tensor_group {
     }
   }
 
-  /// The part of the norm of kind opt.norm (options checked by the caller).
+  /// The part of the norm of kind opt.norm (options checked by the caller), filling opt.report.
   partial_norm reduce(const options& opt) const {
-    return ops_ ? op_reduce(grads_, opt.norm.p()) : partial_global_norm<Policy>(views_, opt);
+    if (!ops_) return partial_global_norm<Policy>(views_, opt);
+    if (!opt.report) return op_reduce(grads_, opt.norm.p());
+    std::vector<tensor_stats> stats;
+    const partial_norm total = op_reduce(grads_, opt.norm.p(), &stats);
+    opt.report->assign(std::move(stats));
+    return total;
   }
 
   /// Clips by a reduced part (a partial_norm) or a total norm (a double), PyTorch's rule.
@@ -264,7 +300,15 @@ clip_result clip_tensors(const char* function, const std::vector<torch::Tensor>&
                          const options& opt) {
   gradclip::detail::check_clip_arguments(function, max_norm, opt);
   tensor_group<Policy> group(function, grads);
-  return group.clip(group.reduce(opt), max_norm, opt);
+  if (!opt.report) return group.clip(group.reduce(opt), max_norm, opt);
+  // The report is read into a copy and published once the write is done: a call that throws leaves it.
+  tensor_report read;
+  options reading = opt, writing = opt;
+  reading.report = &read;
+  writing.report = nullptr;
+  const clip_result result = group.clip(group.reduce(reading), max_norm, writing);
+  *opt.report = std::move(read);
+  return result;
 }
 
 /// The defined gradients of `tensors` (their .grad() when `take_grad`), each checked before any is used,
