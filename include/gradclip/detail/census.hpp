@@ -1,6 +1,7 @@
 // The element census behind options::report: zeros, subnormals, NaN, Inf and max |x| of a run, counted on
 // the elements' bits. Integer arithmetic only, so every CPU counts the same. The counting loop is in
 // kernels.inc (census_of), compiled and vectorized for each target; reduce.hpp's count_elements calls it.
+// Short runs are counted inline (add_short_census), where the vector loop costs more than it saves.
 #pragma once
 
 #include <gradclip/detail/config.hpp>
