@@ -2,6 +2,7 @@
 """Plots for gradclip's docs, one subcommand per kind of data.
 
     scripts/plot.py training <log.csv> <out.png>   # loss, clip fraction and loss scale against step
+    scripts/plot.py report <report.csv> <out.png>  # per-tensor norm and FP16 underflow, and the loss scale
     scripts/plot.py bench <native.json> <out.md> <out.png> [--default json] [--torch json]
     scripts/plot.py quick <sizes.json> <paired.json> <out.md> <out.png> [--torch json]   # bench.sh --quick
 
@@ -65,6 +66,46 @@ def training(args):
     scale_ax.set_ylabel("loss scale S")
     scale_ax.set_xlabel("step")
     for ax in (loss_ax, clip_ax, scale_ax):
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(args.title)
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=100)
+    print(f"wrote {args.png}")
+
+
+def report(args):
+    """Every step's options::report, one row per tensor (examples/loss_scale_underflow --csv: step,
+    loss_scale, tensor, size, norm, zeros, subnormals, ...): each tensor's norm and the fraction of its FP16
+    elements that were zero or subnormal, one colour per tensor, above the loss scale."""
+    tensors, scale = {}, {}
+    with open(args.csv, newline="") as f:
+        for row in csv.DictReader(f):
+            step = int(row["step"])
+            tensors.setdefault(row["tensor"], []).append(
+                (step, float(row["norm"]), (int(row["zeros"]) + int(row["subnormals"])) / int(row["size"])))
+            scale[step] = float(row["loss_scale"])
+    if not tensors:
+        sys.exit(f"{args.csv}: no rows")
+
+    plt = load_matplotlib()
+    fig, (norm_ax, underflow_ax, scale_ax) = plt.subplots(
+        3, 1, sharex=True, figsize=(7, 7.5), gridspec_kw={"height_ratios": [3, 3, 2]})
+    for name, rows in tensors.items():
+        step, norm, underflow = zip(*rows)
+        (line,) = norm_ax.plot(step, norm, linewidth=1, label=name)
+        underflow_ax.plot(step, [100 * u for u in underflow], linewidth=1, color=line.get_color(), label=name)
+    steps = sorted(scale)
+    scale_ax.step(steps, [scale[s] for s in steps], where="post", color="black")
+    norm_ax.set_yscale("log")
+    norm_ax.set_ylabel("norm of the unscaled gradient")
+    norm_ax.legend(ncol=3, fontsize="small")
+    underflow_ax.set_ylabel("zero or subnormal in FP16 (%)")
+    underflow_ax.set_ylim(-3, 103)
+    underflow_ax.legend(ncol=3, fontsize="small")
+    scale_ax.set_yscale("log", base=2)
+    scale_ax.set_ylabel("loss scale S")
+    scale_ax.set_xlabel("step")
+    for ax in (norm_ax, underflow_ax, scale_ax):
         ax.grid(True, alpha=0.3)
     fig.suptitle(args.title)
     fig.tight_layout()
@@ -526,6 +567,12 @@ def main():
     p.add_argument("png", help="output image")
     p.add_argument("--title", default="Mixed-precision Elman RNN: FP16 gradients, dynamic loss scaling, clipping")
     p.set_defaults(run=training)
+
+    p = commands.add_parser("report", help="per-tensor norm and FP16 underflow of options::report over steps")
+    p.add_argument("csv", help="CSV written by examples/loss_scale_underflow --csv")
+    p.add_argument("png", help="output image")
+    p.add_argument("--title", default="Per-tensor report with a loss scale that starts at 1: FP16 gradients")
+    p.set_defaults(run=report)
 
     p = commands.add_parser("bench", help="ratio tables and throughput plot of bench_clip")
     p.add_argument("native", help="bench_clip JSON of the -march=native build")

@@ -167,6 +167,61 @@ TYPED_TEST(Report, ChangesNoResultAndNoBitForOneAndTwoThreads) {
   }
 }
 
+/// Many small gradients, as a model's biases and norms are (up to a little past the reductions' short
+/// runs), of random values drawn among zeros, subnormals, the largest finite values, Inf and NaN: each
+/// counted as count_widened counts it, and each norm the bits of norm() of that gradient alone.
+TYPED_TEST(Report, SmallGradientsCountedAndNormedAsAlone) {
+  using T = TypeParam;
+  using limits = std::numeric_limits<T>;
+  std::mt19937_64 rng(gradclip_test::seed);
+  const std::vector<T> specials{T(0),
+                                -T(0),
+                                limits::denorm_min(),
+                                -limits::min(),
+                                static_cast<T>(static_cast<double>(limits::min()) / 2),
+                                limits::max(),
+                                -limits::max(),
+                                limits::infinity(),
+                                limits::quiet_NaN()};
+  std::vector<vector_of<T>> grads;
+  for (std::size_t n = 0; n <= 40; ++n) {
+    const std::vector<T> values = gradclip_test::random_gradient<T>(n, rng);
+    vector_of<T> v = Eigen::Map<const vector_of<T>>(values.data(), static_cast<Eigen::Index>(n));
+    std::uniform_int_distribution<std::size_t> pick(0, 2 * specials.size());  // about half the draws: none
+    for (Eigen::Index i = 0; i < v.size(); i += 3) {
+      const std::size_t k = pick(rng);
+      if (k < specials.size()) v[i] = specials[k];
+    }
+    grads.push_back(v);
+  }
+  for (gradclip::norm_type norm : {gradclip::norm_type(2.0), gradclip::inf_norm, gradclip::norm_type(1.0)}) {
+    gradclip::tensor_report report;
+    gradclip::options alone{gradclip::on_nonfinite::propagate, 0.0, norm}, opt = alone;
+    opt.report = &report;
+    (void)gradclip::global_norm(grads, opt);
+    ASSERT_EQ(report.size(), grads.size());
+    for (std::size_t k = 0; k < grads.size(); ++k) {
+      SCOPED_TRACE(std::to_string(k) + " elements, p = " + std::to_string(norm.p()));
+      const expected_counts c = count_widened(grads[k]);
+      const gradclip::tensor_stats& t = report[k];
+      EXPECT_EQ(t.size, k);
+      EXPECT_EQ(t.nan, c.nan);
+      EXPECT_EQ(t.inf, c.inf);
+      EXPECT_EQ(t.zeros, c.zeros);
+      EXPECT_EQ(t.subnormals, c.subnormals);
+      if (c.nan)
+        EXPECT_TRUE(std::isnan(t.max_abs));
+      else
+        EXPECT_EQ(t.max_abs, c.max_abs);
+      const double expected = gradclip::norm(grads[k], alone);
+      if (std::isnan(expected))
+        EXPECT_TRUE(std::isnan(t.norm));
+      else
+        EXPECT_EQ(std::memcmp(&t.norm, &expected, sizeof(double)), 0) << t.norm << " != " << expected;
+    }
+  }
+}
+
 TEST(Report, ReusedWithoutStaleEntries) {
   std::vector<vector_of<float>> three(3, vector_of<float>::Ones(10)), one(1, vector_of<float>::Zero(4));
   gradclip::tensor_report report;

@@ -318,11 +318,16 @@ struct reports_tensors : std::false_type {};
 template <class Layout>
 struct reports_tensors<Layout, std::void_t<decltype(std::declval<const Layout&>().tensor_count())>> : std::true_type {};
 
-/// The census of a piece, in the same pass as its norm where the kernels allow (reduce_run).
+/// Counts a piece into `counts`, in the same pass as its norm where the kernels allow (reduce_run).
 template <class T>
 struct piece_census {
-  census counts;
-  void operator()(const T* p, std::size_t n) noexcept { counts.merge(count_elements(p, n)); }
+  census* counts;
+  void operator()(const T* p, std::size_t n) const noexcept {
+    if (n <= short_run)
+      add_short_census(*counts, p, n);
+    else
+      counts->merge(count_elements(p, n));
+  }
 };
 
 /// Fills the staged report's entries from the gradients' parts and censuses.
@@ -330,7 +335,14 @@ inline void finish_report(tensor_report& report) noexcept {
   auto& stats = report_staging::stats(report);
   const auto& parts = report_staging::parts(report);
   for (std::size_t k = 0; k < stats.size(); ++k) {
-    stats[k].norm = parts[k].norm();
+    const partial_norm& part = parts[k];
+    // An unscaled L2 part (the common case) is part.norm() without its normalization round trip, which
+    // costs more than the rest of a small tensor's report: the root of a positive double sum is a normal
+    // double, so splitting it into mantissa and exponent and joining them again gives it back exactly.
+    if (part.finite && part.exponent == 0 && part.p == 2.0 && part.sum > 0.0)
+      stats[k].norm = std::sqrt(part.sum + part.low);
+    else
+      stats[k].norm = part.norm();
     if (stats[k].nan) stats[k].max_abs = std::numeric_limits<double>::quiet_NaN();
   }
 }
@@ -360,19 +372,15 @@ unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, con
   // Reduces piece p, counting its elements into `counts` when reporting.
   const auto reduce_one = [&](const auto& p, census* counts, auto&& sink) {
     using T = typename std::decay_t<decltype(p.view)>::element_type;
-    piece_census<T> observer;
+    const piece_census<T> observer{counts};
     if (!p.interleaved) {
       const partial_norm part =
           counts ? reduce_view<Policy>(p.view, order, observer) : reduce_view<Policy>(p.view, order);
-      if (counts) *counts = observer.counts;
       return sink(&part, 1);
     }
     std::vector<partial_norm> columns(p.units());
     reduce_columns<Policy>(p, order, columns.data());
-    if (counts) {
-      p.view.for_each_run([&](const auto* q, std::size_t n) { observer(q, n); });
-      *counts = observer.counts;
-    }
+    if (counts) p.view.for_each_run([&](const auto* q, std::size_t n) { observer(q, n); });
     sink(columns.data(), columns.size());
   };
   const auto merge = [&](const auto& p, const partial_norm* piece_parts, std::size_t count, const census& counts) {

@@ -1,6 +1,7 @@
 // The element census behind options::report: zeros, subnormals, NaN, Inf and max |x| of a run, counted on
 // the elements' bits. Integer arithmetic only, so every CPU counts the same. The counting loop is in
 // kernels.inc (census_of), compiled and vectorized for each target; reduce.hpp's count_elements calls it.
+// Short runs are counted inline (add_short_census), where the vector loop costs more than it saves.
 #pragma once
 
 #include <gradclip/detail/config.hpp>
@@ -68,6 +69,33 @@ void count_nonfinite(const T* q, std::size_t m, census& c, I& top) noexcept {
     c.nan += a > Bits::inf;
     if (a <= Bits::inf) top = std::max(top, a);
   }
+}
+
+/// Adds the census of a short run (the reductions' short_run elements or fewer) to c, inline: the same
+/// counts as census_of, without the dispatch and the vector loop's setup, which cost more than counting a
+/// few elements of many small tensors. It adds in place, as a returned census read back whole would stall
+/// on its fields' separate stores.
+template <class T>
+void add_short_census(census& c, const T* p, std::size_t n) noexcept {
+  using element = std::remove_const_t<T>;
+  using bits = float_bits<element>;
+  using I = typename bits::type;
+  std::size_t zeros = 0, subnormals = 0, inf = 0, nan = 0;
+  I top = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    I x;
+    std::memcpy(&x, p + i, sizeof x);
+    const I a = static_cast<I>(x & bits::mask);
+    zeros += a == 0;
+    subnormals += a != 0 && a < bits::min_normal;
+    inf += a == bits::inf;
+    nan += a > bits::inf;
+    if (a <= bits::inf) top = std::max(top, a);
+  }
+  element largest;
+  std::memcpy(static_cast<void*>(&largest), &top, sizeof top);  // bits of a trivially copyable T
+  c.size += n, c.nan += nan, c.inf += inf, c.zeros += zeros, c.subnormals += subnormals;
+  c.max_abs = std::max(c.max_abs, static_cast<double>(widen<double>(largest)));
 }
 
 }  // namespace detail
