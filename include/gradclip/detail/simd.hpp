@@ -76,12 +76,17 @@ inline constexpr bool has_avx512_bf16 = false;
 // at about 0.65 of the read's speed there (issue 28). A few KiB ahead covers the latency at that rate.
 inline constexpr std::size_t prefetch_distance = 2048;
 
-/// Asks for the cache lines of [p, p + bytes) moved prefetch_distance ahead. It changes no value, and
-/// the address is formed as an integer: past the buffer's end it is harmless (prefetches never fault).
+/// Asks for the cache lines of [p, p + bytes) moved prefetch_distance ahead, in the vector targets' loops.
+/// It changes no value, and the address is formed as an integer: past the buffer's end it is harmless
+/// (prefetches never fault). The portable target's loops are left as they are: their steps are an element
+/// or two in short runs, and on other architectures the compiler vectorizes them as it sees fit.
+template <isa Target>
 inline void prefetch_ahead([[maybe_unused]] const void* p, [[maybe_unused]] std::size_t bytes) noexcept {
 #if defined(__GNUC__) || defined(__clang__)
-  const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(p) + prefetch_distance;
-  for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(reinterpret_cast<const void*>(first + b));
+  if constexpr (Target != isa::portable) {
+    const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(p) + prefetch_distance;
+    for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(reinterpret_cast<const void*>(first + b));
+  }
 #endif
 }
 
@@ -645,7 +650,7 @@ struct avx512 {
     const __m512 k = _mm512_set1_ps(c);
     std::size_t i = 0;
     for (; i + f32::width <= n; i += f32::width) {
-      prefetch_ahead(p + i, f32::width * sizeof(Eigen::bfloat16));
+      prefetch_ahead<target>(p + i, f32::width * sizeof(Eigen::bfloat16));
       const __m512 v = _mm512_mul_ps(f32::load(p + i), k);
       constexpr int nan_or_subnormal = 0x01 | 0x20 | 0x80;  // vfpclassps: quiet NaN, subnormal, signalling NaN
       if (_mm512_fpclass_ps_mask(v, nan_or_subnormal) != 0) {
