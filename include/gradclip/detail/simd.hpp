@@ -206,6 +206,7 @@ struct portable {
   };
 
 #include <gradclip/detail/kernels.inc>
+#include <gradclip/detail/update_kernels.inc>
 };
 #if defined(__clang__)
 #pragma float_control(pop)
@@ -410,6 +411,7 @@ struct avx2 {
   };
 
 #include <gradclip/detail/kernels.inc>
+#include <gradclip/detail/update_kernels.inc>
 };
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -609,6 +611,7 @@ struct avx512 {
   };
 
 #include <gradclip/detail/kernels.inc>
+#include <gradclip/detail/update_kernels.inc>
 };
 #if defined(__clang__)
 #pragma clang attribute pop
