@@ -364,6 +364,49 @@ TYPED_TEST(UpdateClipTyped, StableAdamwFactorNonFiniteInputsFollowOptions) {
   }
 }
 
+// The same rules where the vector kernels group four terms per division (index 77), divide per element
+// (970) and take the tail (995) of a 1000-element tensor; v beyond their range is summed exactly.
+template <class T, class V>
+void long_nonfinite_factor_cases() {
+  const double eps = 1e-6;
+  const T g_bad[] = {std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity(),
+                     std::numeric_limits<T>::quiet_NaN()};
+  const V v_bad[] = {std::numeric_limits<V>::infinity(), -std::numeric_limits<V>::infinity(),
+                     std::numeric_limits<V>::quiet_NaN()};
+  for (std::size_t at : {77u, 970u, 995u}) {
+    SCOPED_TRACE(type_name<T>() + " g, " + type_name<V>() + " v, index " + std::to_string(at));
+    for (int k = 0; k < 6; ++k) {
+      std::vector<T> g(1000, T(0.5f));
+      std::vector<V> v(1000, V(1));
+      if (k < 3)
+        g[at] = g_bad[k];
+      else
+        v[at] = v_bad[k - 3];
+      EXPECT_EQ(gradclip::stable_adamw_factor(g, v, eps), 1.0);
+      EXPECT_THROW((void)gradclip::stable_adamw_factor(g, v, eps, {on_nonfinite::error}), gradclip::nonfinite_error);
+      const double propagated = gradclip::stable_adamw_factor(g, v, eps, {on_nonfinite::propagate});
+      if (k == 2 || k == 5)
+        EXPECT_TRUE(std::isnan(propagated));
+      else if (k < 3)
+        EXPECT_EQ(propagated, 0.0);
+      else if (k == 3)  // g^2 / inf = 0: the mean stays below 1
+        EXPECT_EQ(propagated, 1.0);
+      else  // max(-inf, eps^2) = eps^2
+        EXPECT_LE(relative_error(propagated, 1 / quad_sqrt((quad(0.25) * 999 + quad(0.25) / quad(1e-12)) / 1000)),
+                  1e-14);
+    }
+    std::vector<T> g(1000, T(0.5f));
+    std::vector<V> v(1000, V(1e-6f));
+    v[at] = std::numeric_limits<V>::max();
+    expect_factor(g, v, eps);
+  }
+}
+
+TYPED_TEST(UpdateClipTyped, StableAdamwFactorNonFiniteInputsInLongTensors) {
+  long_nonfinite_factor_cases<TypeParam, float>();
+  long_nonfinite_factor_cases<TypeParam, double>();
+}
+
 TEST(UpdateClip, StableAdamwFactorPairsElementsInStorageOrder) {
   std::mt19937_64 rng(seed + 201);
   const auto gv = random_gradient<float>(40 * 30, rng, 20.0);

@@ -163,10 +163,10 @@ inline void add_quotient_term(double x, double w, double eps_squared, const scal
   total.sum.merge(partial_norm{t.exponent, t.mantissa, true, 1.0});
 }
 
-/// The sum over one block (at most block_size elements). The fast loop divides in FP64 vectors
-/// (quotient_lanes, dispatched); a block whose lane sum is not finite (a term that overflows, or an input
-/// that is NaN or infinite) is summed again term by term. Terms that underflow are negligible: the factor
-/// is 1 unless the sum exceeds the element count.
+/// The sum over one block (at most block_size elements). The fast loop (quotient_lanes, dispatched) sums
+/// in FP64 vectors; a block whose sum is not finite (a term that overflows, an input that is NaN or
+/// infinite, or a v too large for its grouped quotients) is summed again term by term. Terms that
+/// underflow are negligible: the factor is 1 unless the sum exceeds the element count.
 template <class T, class V>
 quotient_sum quotient_block(const T* g, const V* v, std::size_t m, double eps_squared,
                             const scaled& eps_squared_scaled) noexcept {
