@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -363,6 +364,49 @@ TYPED_TEST(UpdateClipTyped, StableAdamwFactorNonFiniteInputsFollowOptions) {
   }
 }
 
+// The same rules where the vector kernels group four terms per division (index 77), divide per element
+// (970) and take the tail (995) of a 1000-element tensor; v beyond their range is summed exactly.
+template <class T, class V>
+void long_nonfinite_factor_cases() {
+  const double eps = 1e-6;
+  const T g_bad[] = {std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity(),
+                     std::numeric_limits<T>::quiet_NaN()};
+  const V v_bad[] = {std::numeric_limits<V>::infinity(), -std::numeric_limits<V>::infinity(),
+                     std::numeric_limits<V>::quiet_NaN()};
+  for (std::size_t at : {77u, 970u, 995u}) {
+    SCOPED_TRACE(type_name<T>() + " g, " + type_name<V>() + " v, index " + std::to_string(at));
+    for (int k = 0; k < 6; ++k) {
+      std::vector<T> g(1000, T(0.5f));
+      std::vector<V> v(1000, V(1));
+      if (k < 3)
+        g[at] = g_bad[k];
+      else
+        v[at] = v_bad[k - 3];
+      EXPECT_EQ(gradclip::stable_adamw_factor(g, v, eps), 1.0);
+      EXPECT_THROW((void)gradclip::stable_adamw_factor(g, v, eps, {on_nonfinite::error}), gradclip::nonfinite_error);
+      const double propagated = gradclip::stable_adamw_factor(g, v, eps, {on_nonfinite::propagate});
+      if (k == 2 || k == 5)
+        EXPECT_TRUE(std::isnan(propagated));
+      else if (k < 3)
+        EXPECT_EQ(propagated, 0.0);
+      else if (k == 3)  // g^2 / inf = 0: the mean stays below 1
+        EXPECT_EQ(propagated, 1.0);
+      else  // max(-inf, eps^2) = eps^2
+        EXPECT_LE(relative_error(propagated, 1 / quad_sqrt((quad(0.25) * 999 + quad(0.25) / quad(1e-12)) / 1000)),
+                  1e-14);
+    }
+    std::vector<T> g(1000, T(0.5f));
+    std::vector<V> v(1000, V(1e-6f));
+    v[at] = std::numeric_limits<V>::max();
+    expect_factor(g, v, eps);
+  }
+}
+
+TYPED_TEST(UpdateClipTyped, StableAdamwFactorNonFiniteInputsInLongTensors) {
+  long_nonfinite_factor_cases<TypeParam, float>();
+  long_nonfinite_factor_cases<TypeParam, double>();
+}
+
 TEST(UpdateClip, StableAdamwFactorPairsElementsInStorageOrder) {
   std::mt19937_64 rng(seed + 201);
   const auto gv = random_gradient<float>(40 * 30, rng, 20.0);
@@ -414,16 +458,87 @@ TEST(UpdateClip, StableAdamwFactorThreadsGiveTheSameBits) {
   }
 }
 
-// The kernels' own FP16 widening (integer masks, so that it vectorizes) against Eigen's, every pattern.
-TEST(UpdateClip, KernelsWidenEveryFp16PatternExactly) {
-  for (std::uint32_t bits = 0; bits < 0x10000u; ++bits) {
-    const auto h = Eigen::numext::bit_cast<Eigen::half>(static_cast<std::uint16_t>(bits));
-    const double got = gradclip::detail::widen_exact(h), expected = static_cast<float>(h);
-    if (std::isnan(expected))
-      ASSERT_TRUE(std::isnan(got)) << bits;
-    else
-      ASSERT_TRUE(got == expected && std::signbit(got) == std::signbit(expected)) << bits;
+// ---- the dispatched kernels
+
+std::vector<gradclip::detail::isa> vector_isas() {
+  std::vector<gradclip::detail::isa> result;
+  for (auto target : {gradclip::detail::isa::avx2, gradclip::detail::isa::avx512})
+    if (gradclip::detail::isa_supported(target)) result.push_back(target);
+  return result;
+}
+
+bool same_double(double a, double b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0; }
+
+// Every vector kernel this CPU runs (AVX2, AVX-512) against the portable one: StableAdamW's lane sum bit
+// for bit and SPAM's count (never below the elements it clips), for every g type with FP32 and FP64 v, on lengths
+// around the vector and lane widths, misaligned starts, random values, extremes (maxima, subnormals, zero and negative
+// v, squares that overflow) and NaN or Inf in g or v.
+template <class T, class V>
+void expect_kernels_agree(std::mt19937_64& rng) {
+  using gradclip::detail::portable;
+  using gradclip::detail::with_isa;
+  constexpr std::size_t n = 1024 + 3;
+  const std::size_t lengths[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 1000, 1023, 1024};
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const T specials[] = {std::numeric_limits<T>::max(),        -std::numeric_limits<T>::max(),
+                        std::numeric_limits<T>::denorm_min(), T(0.0f),
+                        std::numeric_limits<T>::infinity(),   std::numeric_limits<T>::quiet_NaN()};
+  const V moments[] = {std::numeric_limits<V>::denorm_min(),
+                       V(0),
+                       V(-1),
+                       std::numeric_limits<V>::max(),
+                       std::numeric_limits<V>::infinity(),
+                       std::numeric_limits<V>::quiet_NaN(),
+                       -std::numeric_limits<V>::infinity()};
+  for (int pattern = 0; pattern < 4; ++pattern) {
+    std::vector<T> g(n);
+    std::vector<V> v(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      g[i] = static_cast<T>(static_cast<float>(normal(rng) * (pattern == 0 ? 1.0 : 100.0)));
+      v[i] = static_cast<V>(std::abs(normal(rng)) * (pattern == 0 ? 1.0 : 1e-6));
+    }
+    if (pattern >= 2) {  // extremes (finite only in pattern 2), at irregular positions
+      const std::size_t specials_used = pattern == 2 ? 4 : std::size(specials);
+      const std::size_t moments_used = pattern == 2 ? 4 : std::size(moments);
+      for (std::size_t i = 5; i < n; i += 11) g[i] = specials[(i / 11) % specials_used];
+      for (std::size_t i = 2; i < n; i += 13) v[i] = moments[(i / 13) % moments_used];
+    }
+    for (std::size_t offset : {0u, 1u, 3u})
+      for (std::size_t m : lengths) {
+        const T* gp = g.data() + offset;
+        const V* vp = v.data() + offset;
+        for (double eps_squared : {1e-16, 1.0, 1e-300, 0x1p-1074}) {
+          const double expected = portable::quotient_lanes(gp, vp, m, eps_squared);
+          for (auto target : vector_isas()) {
+            const double got =
+                with_isa(target, [&](auto k) { return decltype(k)::quotient_lanes(gp, vp, m, eps_squared); });
+            ASSERT_TRUE(same_double(got, expected))
+                << type_name<T>() << " g, " << type_name<V>() << " v, pattern " << pattern << ", m " << m << ", offset "
+                << offset << ": " << got << " != " << expected;
+          }
+        }
+        for (double theta : {5000.0, 1.0, 1e-3, 1e300, 1e-300}) {
+          // The fast test never rules out an element that SPAM clips (propagate clips the most).
+          std::size_t clips = 0;
+          for (std::size_t i = 0; i < m; ++i) {
+            T x = gp[i];
+            clips += gradclip::detail::spam_element(x, static_cast<double>(vp[i]), theta, on_nonfinite::propagate);
+          }
+          const std::size_t expected = portable::spam_unclear(gp, vp, m, theta);
+          EXPECT_GE(expected, clips);
+          for (auto target : vector_isas())
+            ASSERT_EQ(with_isa(target, [&](auto k) { return decltype(k)::spam_unclear(gp, vp, m, theta); }), expected)
+                << type_name<T>() << " g, " << type_name<V>() << " v, pattern " << pattern << ", m " << m;
+        }
+      }
   }
+}
+
+TYPED_TEST(UpdateClipTyped, VectorKernelsGiveThePortableBits) {
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 250);
+  expect_kernels_agree<TypeParam, float>(rng);
+  expect_kernels_agree<TypeParam, double>(rng);
 }
 
 // ---- spam_clip

@@ -235,6 +235,7 @@ struct portable {
   };
 
 #include <gradclip/detail/kernels.inc>
+#include <gradclip/detail/update_kernels.inc>
 };
 #if defined(__clang__)
 #pragma float_control(pop)
@@ -440,6 +441,7 @@ struct avx2 {
   };
 
 #include <gradclip/detail/kernels.inc>
+#include <gradclip/detail/update_kernels.inc>
 };
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -664,6 +666,7 @@ struct avx512 {
   }
 
 #include <gradclip/detail/kernels.inc>
+#include <gradclip/detail/update_kernels.inc>
 };
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -1,11 +1,13 @@
 // The kernels of update clipping (update_clip.hpp): the RMS of a norm's part, StableAdamW's fused sum of
-// g^2 / max(v, eps^2) and SPAM's elementwise clip, as portable loops on raw pointers; two views paired by
-// element; and the fixed pieces that run them on options::threads with the same bits for every count.
+// g^2 / max(v, eps^2) and SPAM's elementwise clip on raw pointers, their vector loops dispatched
+// (update_kernels.inc); two views paired by element; and the fixed pieces that run them on
+// options::threads with the same bits for every count.
 #pragma once
 
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/scaled.hpp>
+#include <gradclip/detail/simd.hpp>
 #include <gradclip/detail/strided_view.hpp>
 #include <gradclip/detail/thread_pool.hpp>
 #include <gradclip/options.hpp>
@@ -129,25 +131,6 @@ R reduce_pieces(std::size_t n, std::size_t element_bytes, const options& opt, R 
 #pragma GCC optimize("fp-contract=off")
 #endif
 
-/// An element widened to FP64 exactly, FP16 by integer masks that vectorize (element.hpp's conversion
-/// does not, with GCC 12) and without subnormal float arithmetic, so flush-to-zero modes do not change it.
-template <class T>
-inline double widen_exact(T x) noexcept {
-  if constexpr (std::is_same_v<std::remove_const_t<T>, Eigen::half>) {
-    const std::uint32_t h = Eigen::numext::bit_cast<std::uint16_t>(x);
-    const std::uint32_t magnitude = h & 0x7fffu, exponent = magnitude >> 10;
-    const std::uint32_t normal = (magnitude << 13) + 0x38000000u, special = (magnitude << 13) | 0x7f800000u;
-    const std::uint32_t subnormal = bits_of(static_cast<float>(static_cast<std::int32_t>(magnitude)) * 0x1p-24f);
-    const std::uint32_t is_subnormal = 0u - static_cast<std::uint32_t>(exponent == 0);
-    const std::uint32_t is_special = 0u - static_cast<std::uint32_t>(exponent == 31);
-    const std::uint32_t bits =
-        (subnormal & is_subnormal) | (special & is_special) | (normal & ~(is_subnormal | is_special));
-    return static_cast<double>(float_from_bits(bits | ((h & 0x8000u) << 16)));
-  } else {
-    return widen<double>(x);
-  }
-}
-
 /// StableAdamW's sum, sum_j g_j^2 / max(v_j, eps^2), as a part of p = 1 (sum * 2^exponent), and whether
 /// an input was NaN or infinite (`witness`: the first such value, in element order).
 struct quotient_sum {
@@ -180,31 +163,18 @@ inline void add_quotient_term(double x, double w, double eps_squared, const scal
   total.sum.merge(partial_norm{t.exponent, t.mantissa, true, 1.0});
 }
 
-/// The sum over one block (at most block_size elements). The fast loop divides in FP64, 16 lanes (the
-/// squares of FP32 and narrower g are exact there); a block whose lane sum is not finite (a term that
-/// overflows, or an input that is NaN or infinite: w * 0 is NaN then) is summed again term by term.
-/// Terms that underflow are negligible: the factor is 1 unless the sum exceeds the element count.
+/// The sum over one block (at most block_size elements). The fast loop (quotient_lanes, dispatched) sums
+/// in FP64 vectors; a block whose sum is not finite (a term that overflows, an input that is NaN or
+/// infinite, or a v too large for its grouped quotients) is summed again term by term. Terms that
+/// underflow are negligible: the factor is 1 unless the sum exceeds the element count.
 template <class T, class V>
 quotient_sum quotient_block(const T* g, const V* v, std::size_t m, double eps_squared,
                             const scaled& eps_squared_scaled) noexcept {
-  constexpr std::size_t L = 16;
-  double acc[L] = {};
-  std::size_t i = 0;
-  for (; i + L <= m; i += L)
-    for (std::size_t j = 0; j < L; ++j) {
-      const double x = widen_exact(g[i + j]), w = widen<double>(v[i + j]);
-      acc[j] += x * x / std::max(w, eps_squared) + w * 0.0;
-    }
-  for (std::size_t j = 0; i + j < m; ++j) {
-    const double x = widen_exact(g[i + j]), w = widen<double>(v[i + j]);
-    acc[j] += x * x / std::max(w, eps_squared) + w * 0.0;
-  }
-  for (std::size_t width = L / 2; width > 0; width /= 2)
-    for (std::size_t j = 0; j < width; ++j) acc[j] += acc[j + width];
+  const double sum = with_isa(best_isa(), [&](auto k) { return decltype(k)::quotient_lanes(g, v, m, eps_squared); });
   quotient_sum block;
   // eps^2 below double's normal range would make the fast loop's max(v, eps^2) inexact or zero.
-  if (std::isfinite(acc[0]) && eps_squared >= std::numeric_limits<double>::min()) {
-    if (acc[0] != 0.0) block.sum = {0, acc[0], true, 1.0};
+  if (std::isfinite(sum) && eps_squared >= std::numeric_limits<double>::min()) {
+    if (sum != 0.0) block.sum = {0, sum, true, 1.0};
     return block;
   }
   for (std::size_t k = 0; k < m; ++k)
@@ -237,22 +207,9 @@ inline double root_of_product(double theta, double w) noexcept {
   return std::ldexp(std::sqrt(m), e / 2);
 }
 
-/// True when SPAM's test certainly leaves the element alone and it is finite: v <= 0, g = 0, or g^2
-/// below theta * v by a margin far above the FP64 roundings of both sides. Branch-free, so the loop that
-/// counts the elements it does not clear vectorizes.
-inline bool spam_clear(double x, double w, double theta) noexcept {
-  constexpr double margin = 1 - 0x1p-40;
-  const double square = x * x, t = theta * w;
-  const auto bit = [](bool b) { return static_cast<unsigned>(b); };  // & and | on bools: no branches
-  const unsigned finite = bit(x - x == 0) & bit(w - w == 0);
-  const unsigned below =
-      bit(square <= t * margin) & bit(square <= std::numeric_limits<double>::max()) & bit(t >= 0x1p-1000);
-  return (finite & (bit(w <= 0) | bit(x == 0) | below)) != 0;
-}
-
-/// One element spam_clear did not clear: g <- sign(g) sqrt(theta v) when g^2 > theta v, v > 0 and both
-/// are finite (with on_nonfinite::propagate also for an infinite g and a finite v > 0, as the reference's
-/// mask has it), the root rounded to T and never above |g|. Returns whether it clipped.
+/// One element spam_unclear_one did not rule out: g <- sign(g) sqrt(theta v) when g^2 > theta v, v > 0
+/// and both are finite (with on_nonfinite::propagate also for an infinite g and a finite v > 0, as the
+/// reference's mask has it), the root rounded to T and never above |g|. Returns whether it clipped.
 template <class T>
 bool spam_element(T& g, double w, double theta, on_nonfinite nonfinite) noexcept {
   const double x = widen<double>(g);
@@ -268,44 +225,17 @@ bool spam_element(T& g, double w, double theta, on_nonfinite nonfinite) noexcept
   return true;
 }
 
-/// spam_clear in FP32, twice the lanes, for FP32 (and narrower) g and v with theta a normal float far
-/// from its range's ends: g^2 and theta * v then round three times at most (2^-24 each), far inside the
-/// margin, and cannot overflow or lose bits to underflow where they are compared.
-inline bool spam_clear_float(float x, float w, float theta) noexcept {
-  constexpr float margin = 1 - 0x1p-20f;
-  const float square = x * x, t = theta * w;
-  const auto bit = [](bool b) { return static_cast<unsigned>(b); };
-  const unsigned finite = bit(x - x == 0) & bit(w - w == 0);
-  const unsigned below =
-      bit(square <= t * margin) & bit(square <= std::numeric_limits<float>::max()) & bit(t >= 0x1p-100f);
-  return (finite & (bit(w <= 0) | bit(x == 0) | below)) != 0;
-}
-
-/// The elements of a block that spam_clear does not clear, counted by a loop that vectorizes.
-template <class T, class V>
-unsigned spam_unclear(const T* g, const V* v, std::size_t m, double theta) noexcept {
-  unsigned unclear = 0;
-  const float theta_float = static_cast<float>(theta);
-  if constexpr (sizeof(T) <= 4 && std::is_same_v<std::remove_const_t<V>, float>) {
-    if (theta_float >= 0x1p-20f && theta_float <= 0x1p20f) {
-      for (std::size_t i = 0; i < m; ++i)
-        unclear += !spam_clear_float(static_cast<float>(widen_exact(g[i])), v[i], theta_float);
-      return unclear;
-    }
-  }
-  for (std::size_t i = 0; i < m; ++i) unclear += !spam_clear(widen_exact(g[i]), widen<double>(v[i]), theta);
-  return unclear;
-}
-
-/// spam_clip on one block: one vectorized pass counts the elements it cannot clear; only a block with
-/// such elements is visited again, element by element. Returns how many it clipped.
+/// spam_clip on one block: one vectorized pass (spam_unclear, dispatched) counts the elements it cannot
+/// rule out; only a block with such elements is visited again, element by element. Returns how many it
+/// clipped.
 template <class T, class V>
 std::size_t spam_block(T* g, const V* v, std::size_t m, double theta, on_nonfinite nonfinite) noexcept {
-  if (spam_unclear(g, v, m, theta) == 0) return 0;
+  const T* read = g;
+  if (with_isa(best_isa(), [&](auto k) { return decltype(k)::spam_unclear(read, v, m, theta); }) == 0) return 0;
   std::size_t clipped = 0;
   for (std::size_t i = 0; i < m; ++i) {
     const double w = widen<double>(v[i]);
-    if (!spam_clear(widen<double>(g[i]), w, theta)) clipped += spam_element(g[i], w, theta, nonfinite);
+    if (portable::spam_unclear_one(widen<double>(g[i]), w, theta)) clipped += spam_element(g[i], w, theta, nonfinite);
   }
   return clipped;
 }
