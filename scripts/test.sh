@@ -54,7 +54,9 @@ build_and_test default 600 "${not_system[@]}"
 # examples, the package tests and the libFuzzer target's short run; not the 4 GiB test, which the default
 # build ran. Most unit tests build at -O0 (three times faster to compile under ASan than -O1), the examples
 # and docs programs at -O1 -g1 (at -O0 they would run ten times slower): tests/CMakeLists.txt. One build
-# gives both the second compiler and the sanitizers.
+# gives both the second compiler and the sanitizers, and the compiled mode (GRADCLIP_COMPILED_LIBRARY: every
+# test but the kernels' own uses the library, test_compiled checks its bits against the headers', and the
+# package tests consume it by every route), whose units also build faster.
 build_and_test sanitize 580 "${sanitize_excluded[@]}"
 # ThreadSanitizer (g++) over the tests labelled pool: the thread pool itself, and calls that are concurrent,
 # nested in a pool's threads, in a forked child or given an executor that throws (the other threaded tests

@@ -10,6 +10,10 @@ static_assert(GRADCLIP_VERSION_MAJOR == GRADCLIP_PACKAGE_VERSION_MAJOR &&
               "The CMake package's version must be the one gradclip/version.hpp states.");
 #endif
 
+#if defined(GRADCLIP_CONSUMER_EXPECT_COMPILED) != defined(GRADCLIP_COMPILED)
+#error "gradclip::gradclip or pkg-config gave the wrong mode: only the compiled library defines GRADCLIP_COMPILED"
+#endif
+
 int main() {
   std::vector<Eigen::half> grad{Eigen::half(300.0f)};
   const auto result = gradclip::clip_by_norm(grad, 1.0);

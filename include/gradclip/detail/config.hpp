@@ -13,9 +13,10 @@
 // built for the baseline calls it, and fault on a CPU without AVX-512. So everything gradclip defines
 // lives in an inline namespace named after the instruction-set extensions the compiler may use: units
 // built with different flags get different symbols and never replace each other's code. Each name part
-// is one extension the compiler's macros report (x86-64 and arm64); GRADCLIP_NO_SIMD changes the name too.
-#define GRADCLIP_ABI_PASTE(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p) \
-  abi##a##b##c##d##e##f##g##h##i##j##k##l##m##n##o##p
+// is one extension the compiler's macros report (x86-64 and arm64); GRADCLIP_NO_SIMD and GRADCLIP_COMPILED
+// change the name too.
+#define GRADCLIP_ABI_PASTE(a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p, q) \
+  abi##a##b##c##d##e##f##g##h##i##j##k##l##m##n##o##p##q
 #define GRADCLIP_ABI_NAME(...) GRADCLIP_ABI_PASTE(__VA_ARGS__)
 
 #if defined(__SSE4_2__)
@@ -111,6 +112,13 @@
 #else
 #define GRADCLIP_ABI_SIMD
 #endif
+// Compiled mode: the inline functions that call the library's kernels differ from the header-only ones
+// of the same name, so the two modes may meet in one program (and in the library itself).
+#if defined(GRADCLIP_COMPILED)
+#define GRADCLIP_ABI_COMPILED _compiled
+#else
+#define GRADCLIP_ABI_COMPILED
+#endif
 
 /// The inline namespace around everything gradclip defines: `abi` followed by the extensions, e.g.
 /// gradclip::abi for the x86-64 baseline, gradclip::abi_sse42_popcnt_avx2_fma_f16c_bmi2_lzcnt for
@@ -119,4 +127,4 @@
   GRADCLIP_ABI_NAME(GRADCLIP_ABI_SSE, GRADCLIP_ABI_POPCNT, GRADCLIP_ABI_AVX, GRADCLIP_ABI_FMA, GRADCLIP_ABI_F16C, \
                     GRADCLIP_ABI_BMI, GRADCLIP_ABI_LZCNT, GRADCLIP_ABI_AVX512F, GRADCLIP_ABI_AVX512BW,            \
                     GRADCLIP_ABI_AVX512DQ, GRADCLIP_ABI_AVX512VL, GRADCLIP_ABI_AVX512CD, GRADCLIP_ABI_AVX512FP16, \
-                    GRADCLIP_ABI_AVX512BF16, GRADCLIP_ABI_ARM, GRADCLIP_ABI_SIMD)
+                    GRADCLIP_ABI_AVX512BF16, GRADCLIP_ABI_ARM, GRADCLIP_ABI_SIMD, GRADCLIP_ABI_COMPILED)

@@ -2,14 +2,19 @@
 // table, and every other p-norm by the p-norm kernels, each returning a partial_norm.
 #pragma once
 
+#include <gradclip/detail/census.hpp>
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/numerics.hpp>
-#include <gradclip/detail/p_norm_kernels.hpp>
 #include <gradclip/detail/scaled.hpp>
-#include <gradclip/detail/simd.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/policies.hpp>
+#if defined(GRADCLIP_COMPILED)
+#include <gradclip/detail/compiled.hpp>  // the kernels' entry points below, from the library
+#else
+#include <gradclip/detail/p_norm_kernels.hpp>
+#include <gradclip/detail/simd.hpp>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +41,28 @@ inline constexpr bool fits_without_scaling = std::numeric_limits<Acc>::max_expon
                                                  2 * (std::numeric_limits<T>::min_exponent -
                                                       std::numeric_limits<T>::digits);
 
+/// A total of unscaled block sums as a partial_norm (not finite once a block sum overflowed or saw NaN).
+inline partial_norm unscaled_part(double total) noexcept {
+  return std::isfinite(total) ? partial_norm{0, total, true} : partial_norm::nonfinite(total);
+}
+
+/// Elements between two calls of a reduction's observer (options::report's census): a chunk it reads
+/// again while the chunk is still in L1 or L2. A multiple of every block, so chunks change no bit.
+inline constexpr std::size_t observed_chunk = 8192;
+
+/// The observer of a reduction that nothing observes.
+struct no_observer {
+  template <class T>
+  void operator()(const T*, std::size_t) const noexcept {}
+};
+
+#if !defined(GRADCLIP_COMPILED)
+/// The census of a run on the best kernels (census_of, kernels.inc).
+template <class T>
+census count_elements(const T* p, std::size_t n) noexcept {
+  return with_isa(best_isa(), [&](auto k) { return decltype(k)::census_of(p, n); });
+}
+
 /// A block whose sum of squares was not accurate unscaled (or not finite): rescanned from L1, divided by
 /// a power of two near its maximum.
 template <class K, class Acc, class T>
@@ -51,27 +78,6 @@ inline partial_norm rescaled_block(const T* block, std::size_t m) noexcept {
   for (std::size_t i = 0; i < m; ++i) buffer[i] = widen<Acc>(block[i]) * first;
   return {e, K::template block_squares<Acc, true>(buffer, m, second), true};
 }
-
-/// A total of unscaled block sums as a partial_norm (not finite once a block sum overflowed or saw NaN).
-inline partial_norm unscaled_part(double total) noexcept {
-  return std::isfinite(total) ? partial_norm{0, total, true} : partial_norm::nonfinite(total);
-}
-
-/// Elements between two calls of a reduction's observer (options::report's census): a chunk it reads
-/// again while the chunk is still in L1 or L2. A multiple of every block, so chunks change no bit.
-inline constexpr std::size_t observed_chunk = 8192;
-
-/// The census of a run on the best kernels (census_of, kernels.inc).
-template <class T>
-census count_elements(const T* p, std::size_t n) noexcept {
-  return with_isa(best_isa(), [&](auto k) { return decltype(k)::census_of(p, n); });
-}
-
-/// The observer of a reduction that nothing observes.
-struct no_observer {
-  template <class T>
-  void operator()(const T*, std::size_t) const noexcept {}
-};
 
 /// The sum of squares in Acc, blocks totalled in FP64. With MaxScales, in one read pass: each block is
 /// summed unscaled and kept when that sum is accurate (accurate_unscaled: the vector kernel's
@@ -176,6 +182,8 @@ inline partial_norm compensated_sum_squares(const double* p, std::size_t n) noex
   }
   return total.rounded();
 }
+
+#endif
 
 /// The squares of a short run summed in FP64 directly: exact squares for FP32 and narrower elements, so at
 /// least as accurate as the kernels, and overflow-free.

@@ -5,8 +5,12 @@
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/scaled.hpp>
-#include <gradclip/detail/simd.hpp>
 #include <gradclip/policies.hpp>
+#if defined(GRADCLIP_COMPILED)
+#include <gradclip/detail/compiled.hpp>  // multiply_with_tail and multiply_run, from the library
+#else
+#include <gradclip/detail/simd.hpp>
+#endif
 
 #include <cmath>
 #include <cstddef>
@@ -17,6 +21,7 @@ namespace gradclip {
 inline namespace GRADCLIP_ABI {
 namespace detail {
 
+#if !defined(GRADCLIP_COMPILED)
 // The smallest exponent of a coefficient whose parts, mantissa and tail, both scale to normal doubles
 // (the tail is about 2^-53 of the mantissa), so that multiply_compensated applies it.
 inline constexpr int compensated_exponent_min = std::numeric_limits<double>::min_exponent + 53;
@@ -32,6 +37,20 @@ inline void multiply_with_tail(double* p, std::size_t n, const scaled& c) noexce
     return with_isa(best_isa(), [&](auto t) { decltype(t)::multiply_compensated(p, n, k); });
   for (std::size_t i = 0; i < n; ++i) p[i] = multiply_exactly(p[i], k);
 }
+
+/// p[i] <- p[i] * c computed in Compute. Short runs multiply element by element, as the vector kernels'
+/// tails do: the same bits, without the call into a kernel. 16-bit elements scaled in FP64 (coefficients
+/// outside FP32's normal range, rare) have no vector form.
+template <class Compute, class T>
+void multiply_run(T* p, std::size_t n, Compute c) noexcept {
+  if constexpr (sizeof(T) == 2 && std::is_same_v<Compute, double>)
+    portable::multiply<Compute>(p, n, c);
+  else if (n <= short_run)
+    portable::multiply<Compute>(p, n, c);
+  else
+    with_isa(best_isa(), [&](auto k) { decltype(k)::template multiply<Compute>(p, n, c); });
+}
+#endif
 
 /// p[i] <- p[i] * c with the policy's scaling, the coefficient prepared once for every run of a call
 /// (many small tensors make many runs).
@@ -54,39 +73,26 @@ class scaler {
       // FP32 and rounds the product once, which is what multiply<float> does.
       const T coefficient(static_cast<T>(value_));
       if constexpr (std::is_same_v<T, double>)
-        run<double>(p, n, coefficient);
+        multiply_run<double>(p, n, coefficient);
       else
-        run<float>(p, n, to_float(coefficient));
+        multiply_run<float>(p, n, to_float(coefficient));
     } else if constexpr (rule == scaling::promoted) {
       using compute = promoted_t<T>;
-      run<compute>(p, n, static_cast<compute>(value_));
+      multiply_run<compute>(p, n, static_cast<compute>(value_));
     } else if constexpr (std::is_same_v<T, double>) {
       multiply_with_tail(p, n, c_);
     } else if constexpr (std::is_same_v<T, float>) {
-      run<double>(p, n, value_);
+      multiply_run<double>(p, n, value_);
     } else if (normal_float_) {
       // 16-bit elements: a coefficient that is a normal float is applied in FP32 (its rounding, 2^-24, is
       // far below the element's), any other in FP64.
-      run<float>(p, n, static_cast<float>(value_));
+      multiply_run<float>(p, n, static_cast<float>(value_));
     } else {
-      run<double>(p, n, value_);
+      multiply_run<double>(p, n, value_);
     }
   }
 
  private:
-  // Short runs multiply element by element, as the vector kernels' tails do: the same bits, without
-  // the call into a kernel. 16-bit elements scaled in FP64 (coefficients outside FP32's normal range,
-  // rare) have no vector form.
-  template <class Compute, class T>
-  static void run(T* p, std::size_t n, Compute c) noexcept {
-    if constexpr (sizeof(T) == 2 && std::is_same_v<Compute, double>)
-      portable::multiply<Compute>(p, n, c);
-    else if (n <= short_run)
-      portable::multiply<Compute>(p, n, c);
-    else
-      with_isa(best_isa(), [&](auto k) { decltype(k)::template multiply<Compute>(p, n, c); });
-  }
-
   scaled c_;
   double value_;
   bool normal_float_;

@@ -1,0 +1,136 @@
+// Compiled mode (GRADCLIP_COMPILED, the gradclip::gradclip target of GRADCLIP_COMPILED_LIBRARY=ON): the
+// kernels' entry points, declared here and defined once in the library (src/), which holds every
+// instruction set's kernels and dispatches among them at run time. A translation unit then neither parses
+// nor instantiates the kernels. The library is built for the baseline ISA and its users may be built with
+// any -m flags, so these declarations live outside the ABI namespace (config.hpp) and take only types
+// that are the same in every unit: pointers, sizes, numbers, and the plain structs below.
+#pragma once
+
+#include <gradclip/detail/census.hpp>
+#include <gradclip/detail/config.hpp>
+#include <gradclip/detail/scaled.hpp>
+#include <gradclip/partial_norm.hpp>
+
+#include <Eigen/Core>
+
+#include <cstddef>
+#include <type_traits>
+
+namespace gradclip {
+namespace compiled {
+
+/// A partial_norm's fields (partial_norm.hpp; its type differs between ABI namespaces).
+struct part {
+  int exponent;
+  double sum;
+  bool finite;
+  double p;
+  double low;
+};
+
+/// A census's fields (census.hpp).
+struct counts {
+  std::size_t size, nan, inf, zeros, subnormals;
+  double max_abs;
+};
+
+/// observe(context, chunk, n): the reduction's observer, called after each chunk it read (reduce.hpp).
+using observer = void (*)(void* context, const void* chunk, std::size_t n);
+
+/// The L2 sum of squares of a run, in Acc, blocks rescaled when MaxScales (detail::sum_squares).
+template <class Acc, bool MaxScales, class T>
+part sum_squares(const T* p, std::size_t n, observer observe, void* context) noexcept;
+/// The FP64 sum of squares by Dot2 (detail::compensated_sum_squares).
+part compensated_sum_squares(const double* p, std::size_t n) noexcept;
+/// sum |x|^p, or max |x| for p = inf (detail::power_sum_kernel).
+template <class T>
+part power_sum(const T* p, std::size_t n, double order) noexcept;
+/// The census of a run (detail::count_elements).
+template <class T>
+counts census_of(const T* p, std::size_t n) noexcept;
+/// p[i] <- p[i] * (mantissa + low) * 2^exponent for FP64 elements (detail::multiply_with_tail).
+void multiply_with_tail(double* p, std::size_t n, double mantissa, int exponent, double low) noexcept;
+/// p[i] <- p[i] * c computed in Compute, rounded once to T (detail::multiply_run).
+template <class Compute, class T>
+void multiply(T* p, std::size_t n, Compute c) noexcept;
+
+/// What with_isa hands its function in compiled mode: the kernels that front-ends call by name, each
+/// dispatching to the best instruction set inside the library (kernels.inc has their contracts).
+struct kernels {
+  template <class Acc, class T>
+  static void column_squares(const T* base, std::size_t units, std::size_t columns, std::ptrdiff_t stride,
+                             double* sums) noexcept;
+  static void column_squares_compensated(const double* base, std::size_t units, std::size_t columns,
+                                         std::ptrdiff_t stride, double* sum, double* compensation,
+                                         double* top) noexcept;
+  template <class Compute, class T>
+  static void column_multiply(T* base, std::size_t units, std::size_t columns, std::ptrdiff_t stride,
+                              const Compute* factor) noexcept;
+  template <class Acc, bool Masked, class T>
+  static void column_dot(const T* base, std::size_t units, std::size_t columns, std::ptrdiff_t stride,
+                         const Acc* factor, const unsigned char* keep, Acc* out) noexcept;
+  template <class Acc, class T>
+  static void add_scaled(Acc* acc, const T* x, std::size_t n, Acc factor) noexcept;
+  template <class T>
+  static void divide(T* p, std::size_t n, double s) noexcept;
+};
+
+}  // namespace compiled
+
+// The rest is the compiled mode's side: the library itself includes only the declarations above.
+#if defined(GRADCLIP_COMPILED)
+inline namespace GRADCLIP_ABI {
+namespace detail {
+
+/// In compiled mode the library picks the instruction set: best_isa() names no choice, and with_isa
+/// (simd.hpp) calls f once, with the library's entry points, instead of once per instruction set.
+struct library_isa {};
+inline library_isa best_isa() noexcept { return {}; }
+template <class F>
+decltype(auto) with_isa(library_isa, F&& f) {
+  return f(compiled::kernels{});
+}
+
+inline partial_norm from_library(const compiled::part& q) noexcept { return {q.exponent, q.sum, q.finite, q.p, q.low}; }
+
+// The header-only functions of the same names (reduce.hpp, scale.hpp, p_norm_kernels.hpp), as calls into
+// the library; K, the instruction set, is the library's to choose.
+template <class T>
+census count_elements(const T* p, std::size_t n) noexcept {
+  const compiled::counts c = compiled::census_of(p, n);
+  return {c.size, c.nan, c.inf, c.zeros, c.subnormals, c.max_abs};
+}
+
+template <class K, class Acc, bool MaxScales, class T, class Observe>
+partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) noexcept {
+  using observer_type = std::remove_reference_t<Observe>;
+  const compiled::observer thunk = [](void* context, const void* chunk, std::size_t m) {
+    (*static_cast<observer_type*>(context))(static_cast<const T*>(chunk), m);
+  };
+  return from_library(
+      compiled::sum_squares<Acc, MaxScales>(p, n, thunk, const_cast<void*>(static_cast<const void*>(&observe))));
+}
+
+template <class K>
+partial_norm compensated_sum_squares(const double* p, std::size_t n) noexcept {
+  return from_library(compiled::compensated_sum_squares(p, n));
+}
+
+template <class T>
+partial_norm power_sum_kernel(const T* p, std::size_t n, double order) noexcept {
+  return from_library(compiled::power_sum(p, n, order));
+}
+
+inline void multiply_with_tail(double* p, std::size_t n, const scaled& c) noexcept {
+  compiled::multiply_with_tail(p, n, c.mantissa, c.exponent, c.low);
+}
+
+template <class Compute, class T>
+void multiply_run(T* p, std::size_t n, Compute c) noexcept {
+  compiled::multiply(p, n, c);
+}
+
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+#endif
+}  // namespace gradclip

@@ -1,0 +1,170 @@
+// The compiled library (GRADCLIP_COMPILED_LIBRARY=ON): the entry points detail/compiled.hpp declares, each
+// the header-only function it stands for, instantiated once here for every element type, accumulator and
+// instruction set; with_isa picks the instruction set at run time. Built for the baseline ISA like any
+// header-only unit, so it runs on every x86-64 CPU and its users may be built with any -m flags.
+#undef GRADCLIP_COMPILED  // the library is the header-only code, compiled once
+#include <gradclip/detail/compiled.hpp>
+#include <gradclip/detail/p_norm_kernels.hpp>
+#include <gradclip/detail/reduce.hpp>
+#include <gradclip/detail/scale.hpp>
+#include <gradclip/detail/simd.hpp>
+
+#include <Eigen/Core>
+
+#include <cstddef>
+
+namespace gradclip::compiled {
+namespace {
+
+part to_part(const partial_norm& q) noexcept { return {q.exponent, q.sum, q.finite, q.p, q.low}; }
+
+}  // namespace
+
+template <class Acc, bool MaxScales, class T>
+part sum_squares(const T* p, std::size_t n, observer observe, void* context) noexcept {
+  const auto chunk = [&](const T* q, std::size_t m) { observe(context, q, m); };
+  return to_part(detail::with_isa(
+      detail::best_isa(), [&](auto k) { return detail::sum_squares<decltype(k), Acc, MaxScales>(p, n, chunk); }));
+}
+
+part compensated_sum_squares(const double* p, std::size_t n) noexcept {
+  return to_part(
+      detail::with_isa(detail::best_isa(), [&](auto k) { return detail::compensated_sum_squares<decltype(k)>(p, n); }));
+}
+
+template <class T>
+part power_sum(const T* p, std::size_t n, double order) noexcept {
+  return to_part(detail::power_sum_kernel(p, n, order));
+}
+
+template <class T>
+counts census_of(const T* p, std::size_t n) noexcept {
+  const detail::census c = detail::count_elements(p, n);
+  return {c.size, c.nan, c.inf, c.zeros, c.subnormals, c.max_abs};
+}
+
+void multiply_with_tail(double* p, std::size_t n, double mantissa, int exponent, double low) noexcept {
+  detail::multiply_with_tail(p, n, detail::scaled{mantissa, exponent, low});
+}
+
+template <class Compute, class T>
+void multiply(T* p, std::size_t n, Compute c) noexcept {
+  detail::multiply_run<Compute>(p, n, c);
+}
+
+template <class Acc, class T>
+void kernels::column_squares(const T* base, std::size_t units, std::size_t columns, std::ptrdiff_t stride,
+                             double* sums) noexcept {
+  detail::with_isa(detail::best_isa(),
+                   [&](auto k) { decltype(k)::template column_squares<Acc>(base, units, columns, stride, sums); });
+}
+
+void kernels::column_squares_compensated(const double* base, std::size_t units, std::size_t columns,
+                                         std::ptrdiff_t stride, double* sum, double* compensation,
+                                         double* top) noexcept {
+  detail::with_isa(detail::best_isa(), [&](auto k) {
+    decltype(k)::column_squares_compensated(base, units, columns, stride, sum, compensation, top);
+  });
+}
+
+template <class Compute, class T>
+void kernels::column_multiply(T* base, std::size_t units, std::size_t columns, std::ptrdiff_t stride,
+                              const Compute* factor) noexcept {
+  detail::with_isa(detail::best_isa(), [&](auto k) {
+    decltype(k)::template column_multiply<Compute>(base, units, columns, stride, factor);
+  });
+}
+
+template <class Acc, bool Masked, class T>
+void kernels::column_dot(const T* base, std::size_t units, std::size_t columns, std::ptrdiff_t stride,
+                         const Acc* factor, const unsigned char* keep, Acc* out) noexcept {
+  detail::with_isa(detail::best_isa(), [&](auto k) {
+    decltype(k)::template column_dot<Acc, Masked>(base, units, columns, stride, factor, keep, out);
+  });
+}
+
+template <class Acc, class T>
+void kernels::add_scaled(Acc* acc, const T* x, std::size_t n, Acc factor) noexcept {
+  detail::with_isa(detail::best_isa(), [&](auto k) { decltype(k)::add_scaled(acc, x, n, factor); });
+}
+
+template <class T>
+void kernels::divide(T* p, std::size_t n, double s) noexcept {
+  detail::with_isa(detail::best_isa(), [&](auto k) { decltype(k)::divide(p, n, s); });
+}
+
+// Every combination the headers reach: the four element types, with the accumulators and compute types
+// the policies' traits (policies.hpp) and the front-ends choose for each.
+using half = Eigen::half;
+using bf16 = Eigen::bfloat16;
+using observer_t = observer;
+
+template part sum_squares<float, false, half>(const half*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<float, true, half>(const half*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<double, false, half>(const half*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<double, true, half>(const half*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<float, false, bf16>(const bf16*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<float, true, bf16>(const bf16*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<double, false, bf16>(const bf16*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<double, true, bf16>(const bf16*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<float, false, float>(const float*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<float, true, float>(const float*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<double, false, float>(const float*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<double, true, float>(const float*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<double, false, double>(const double*, std::size_t, observer_t, void*) noexcept;
+template part sum_squares<double, true, double>(const double*, std::size_t, observer_t, void*) noexcept;
+
+template part power_sum(const half*, std::size_t, double) noexcept;
+template part power_sum(const bf16*, std::size_t, double) noexcept;
+template part power_sum(const float*, std::size_t, double) noexcept;
+template part power_sum(const double*, std::size_t, double) noexcept;
+
+template counts census_of(const half*, std::size_t) noexcept;
+template counts census_of(const bf16*, std::size_t) noexcept;
+template counts census_of(const float*, std::size_t) noexcept;
+template counts census_of(const double*, std::size_t) noexcept;
+
+template void multiply(half*, std::size_t, float) noexcept;
+template void multiply(half*, std::size_t, double) noexcept;
+template void multiply(bf16*, std::size_t, float) noexcept;
+template void multiply(bf16*, std::size_t, double) noexcept;
+template void multiply(float*, std::size_t, float) noexcept;
+template void multiply(float*, std::size_t, double) noexcept;
+template void multiply(double*, std::size_t, double) noexcept;
+
+template void kernels::column_squares<float>(const half*, std::size_t, std::size_t, std::ptrdiff_t, double*) noexcept;
+template void kernels::column_squares<float>(const bf16*, std::size_t, std::size_t, std::ptrdiff_t, double*) noexcept;
+template void kernels::column_squares<double>(const float*, std::size_t, std::size_t, std::ptrdiff_t, double*) noexcept;
+
+template void kernels::column_multiply(half*, std::size_t, std::size_t, std::ptrdiff_t, const float*) noexcept;
+template void kernels::column_multiply(bf16*, std::size_t, std::size_t, std::ptrdiff_t, const float*) noexcept;
+template void kernels::column_multiply(float*, std::size_t, std::size_t, std::ptrdiff_t, const double*) noexcept;
+
+template void kernels::column_dot<float, false>(const half*, std::size_t, std::size_t, std::ptrdiff_t, const float*,
+                                                const unsigned char*, float*) noexcept;
+template void kernels::column_dot<float, true>(const half*, std::size_t, std::size_t, std::ptrdiff_t, const float*,
+                                               const unsigned char*, float*) noexcept;
+template void kernels::column_dot<float, false>(const bf16*, std::size_t, std::size_t, std::ptrdiff_t, const float*,
+                                                const unsigned char*, float*) noexcept;
+template void kernels::column_dot<float, true>(const bf16*, std::size_t, std::size_t, std::ptrdiff_t, const float*,
+                                               const unsigned char*, float*) noexcept;
+template void kernels::column_dot<float, false>(const float*, std::size_t, std::size_t, std::ptrdiff_t, const float*,
+                                                const unsigned char*, float*) noexcept;
+template void kernels::column_dot<float, true>(const float*, std::size_t, std::size_t, std::ptrdiff_t, const float*,
+                                               const unsigned char*, float*) noexcept;
+template void kernels::column_dot<double, false>(const double*, std::size_t, std::size_t, std::ptrdiff_t, const double*,
+                                                 const unsigned char*, double*) noexcept;
+template void kernels::column_dot<double, true>(const double*, std::size_t, std::size_t, std::ptrdiff_t, const double*,
+                                                const unsigned char*, double*) noexcept;
+
+template void kernels::add_scaled(float*, const half*, std::size_t, float) noexcept;
+template void kernels::add_scaled(float*, const bf16*, std::size_t, float) noexcept;
+template void kernels::add_scaled(float*, const float*, std::size_t, float) noexcept;
+template void kernels::add_scaled(double*, const double*, std::size_t, double) noexcept;
+
+template void kernels::divide(half*, std::size_t, double) noexcept;
+template void kernels::divide(bf16*, std::size_t, double) noexcept;
+template void kernels::divide(float*, std::size_t, double) noexcept;
+template void kernels::divide(double*, std::size_t, double) noexcept;
+
+}  // namespace gradclip::compiled
