@@ -93,6 +93,21 @@ void kernels::divide(T* p, std::size_t n, double s) noexcept {
   detail::with_isa(detail::best_isa(), [&](auto k) { decltype(k)::divide(p, n, s); });
 }
 
+template <class T, class V>
+double kernels::quotient_lanes(const T* g, const V* v, std::size_t m, double eps_squared) noexcept {
+  return detail::with_isa(detail::best_isa(),
+                          [&](auto k) { return decltype(k)::quotient_lanes(g, v, m, eps_squared); });
+}
+
+template <class T, class V>
+std::size_t kernels::spam_unclear(const T* g, const V* v, std::size_t m, double theta) noexcept {
+  return detail::with_isa(detail::best_isa(), [&](auto k) { return decltype(k)::spam_unclear(g, v, m, theta); });
+}
+
+bool kernels::spam_unclear_one(double x, double w, double theta) noexcept {
+  return detail::portable::spam_unclear_one(x, w, theta);
+}
+
 // Every combination the headers reach: the four element types, with the accumulators and compute types
 // the policies' traits (policies.hpp) and the front-ends choose for each.
 using half = Eigen::half;
@@ -166,5 +181,23 @@ template void kernels::divide(half*, std::size_t, double) noexcept;
 template void kernels::divide(bf16*, std::size_t, double) noexcept;
 template void kernels::divide(float*, std::size_t, double) noexcept;
 template void kernels::divide(double*, std::size_t, double) noexcept;
+
+template double kernels::quotient_lanes(const half*, const float*, std::size_t, double) noexcept;
+template double kernels::quotient_lanes(const half*, const double*, std::size_t, double) noexcept;
+template double kernels::quotient_lanes(const bf16*, const float*, std::size_t, double) noexcept;
+template double kernels::quotient_lanes(const bf16*, const double*, std::size_t, double) noexcept;
+template double kernels::quotient_lanes(const float*, const float*, std::size_t, double) noexcept;
+template double kernels::quotient_lanes(const float*, const double*, std::size_t, double) noexcept;
+template double kernels::quotient_lanes(const double*, const float*, std::size_t, double) noexcept;
+template double kernels::quotient_lanes(const double*, const double*, std::size_t, double) noexcept;
+
+template std::size_t kernels::spam_unclear(const half*, const float*, std::size_t, double) noexcept;
+template std::size_t kernels::spam_unclear(const half*, const double*, std::size_t, double) noexcept;
+template std::size_t kernels::spam_unclear(const bf16*, const float*, std::size_t, double) noexcept;
+template std::size_t kernels::spam_unclear(const bf16*, const double*, std::size_t, double) noexcept;
+template std::size_t kernels::spam_unclear(const float*, const float*, std::size_t, double) noexcept;
+template std::size_t kernels::spam_unclear(const float*, const double*, std::size_t, double) noexcept;
+template std::size_t kernels::spam_unclear(const double*, const float*, std::size_t, double) noexcept;
+template std::size_t kernels::spam_unclear(const double*, const double*, std::size_t, double) noexcept;
 
 }  // namespace gradclip::compiled

@@ -73,6 +73,11 @@ struct kernels {
   static void add_scaled(Acc* acc, const T* x, std::size_t n, Acc factor) noexcept;
   template <class T>
   static void divide(T* p, std::size_t n, double s) noexcept;
+  template <class T, class V>
+  static double quotient_lanes(const T* g, const V* v, std::size_t m, double eps_squared) noexcept;
+  template <class T, class V>
+  static std::size_t spam_unclear(const T* g, const V* v, std::size_t m, double theta) noexcept;
+  static bool spam_unclear_one(double x, double w, double theta) noexcept;
 };
 
 }  // namespace compiled

@@ -7,9 +7,13 @@
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/scaled.hpp>
-#include <gradclip/detail/simd.hpp>
 #include <gradclip/detail/strided_view.hpp>
 #include <gradclip/detail/thread_pool.hpp>
+#if defined(GRADCLIP_COMPILED)
+#include <gradclip/detail/compiled.hpp>  // quotient_lanes and spam_unclear, from the library
+#else
+#include <gradclip/detail/simd.hpp>
+#endif
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
 
@@ -225,6 +229,13 @@ bool spam_element(T& g, double w, double theta, on_nonfinite nonfinite) noexcept
   return true;
 }
 
+/// The one-element SPAM test of the portable kernels (the library's copy in compiled mode).
+#if defined(GRADCLIP_COMPILED)
+using scalar_kernels = compiled::kernels;
+#else
+using scalar_kernels = portable;
+#endif
+
 /// spam_clip on one block: one vectorized pass (spam_unclear, dispatched) counts the elements it cannot
 /// rule out; only a block with such elements is visited again, element by element. Returns how many it
 /// clipped.
@@ -235,7 +246,8 @@ std::size_t spam_block(T* g, const V* v, std::size_t m, double theta, on_nonfini
   std::size_t clipped = 0;
   for (std::size_t i = 0; i < m; ++i) {
     const double w = widen<double>(v[i]);
-    if (portable::spam_unclear_one(widen<double>(g[i]), w, theta)) clipped += spam_element(g[i], w, theta, nonfinite);
+    if (scalar_kernels::spam_unclear_one(widen<double>(g[i]), w, theta))
+      clipped += spam_element(g[i], w, theta, nonfinite);
   }
   return clipped;
 }
