@@ -4,6 +4,7 @@
 // portable one, bit for bit: lengths around the vector and block widths, misaligned starts,
 // out-of-range blocks, NaN and Inf, and every 16-bit pattern through the scaling kernel.
 #include <gradclip/detail/simd.hpp>
+#include <gradclip/detail/update_kernels.hpp>
 
 #include "reference.hpp"
 
@@ -401,6 +402,81 @@ TYPED_TEST(Kernels, MultiplyKeepsNanInfAndSubnormals) {
     for (Compute c : {Compute(0.5), Compute(0), std::numeric_limits<Compute>::quiet_NaN(), Compute(3)})
       check_multiply<Compute>(data, c, 0, data.size());
   });
+}
+
+// ---- Update clipping (update_kernels.inc): StableAdamW's quotient lanes and SPAM's test
+
+bool same_double(double a, double b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0; }
+
+// Every vector kernel this CPU runs (AVX2, AVX-512) against the portable one: StableAdamW's lane sum bit
+// for bit and SPAM's count (never below the elements it clips), for every g type with FP32 and FP64 v, on lengths
+// around the vector and lane widths, misaligned starts, random values, extremes (maxima, subnormals, zero and negative
+// v, squares that overflow) and NaN or Inf in g or v.
+template <class T, class V>
+void expect_update_kernels_agree(std::mt19937_64& rng) {
+  constexpr std::size_t n = 1024 + 3;
+  const std::size_t update_lengths[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 1000, 1023, 1024};
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const T specials[] = {std::numeric_limits<T>::max(),        -std::numeric_limits<T>::max(),
+                        std::numeric_limits<T>::denorm_min(), T(0.0f),
+                        std::numeric_limits<T>::infinity(),   std::numeric_limits<T>::quiet_NaN()};
+  const V moments[] = {std::numeric_limits<V>::denorm_min(),
+                       V(0),
+                       V(-1),
+                       std::numeric_limits<V>::max(),
+                       std::numeric_limits<V>::infinity(),
+                       std::numeric_limits<V>::quiet_NaN(),
+                       -std::numeric_limits<V>::infinity()};
+  for (int pattern = 0; pattern < 4; ++pattern) {
+    std::vector<T> g(n);
+    std::vector<V> v(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      g[i] = static_cast<T>(static_cast<float>(normal(rng) * (pattern == 0 ? 1.0 : 100.0)));
+      v[i] = static_cast<V>(std::abs(normal(rng)) * (pattern == 0 ? 1.0 : 1e-6));
+    }
+    if (pattern >= 2) {  // extremes (finite only in pattern 2), at irregular positions
+      const std::size_t specials_used = pattern == 2 ? 4 : std::size(specials);
+      const std::size_t moments_used = pattern == 2 ? 4 : std::size(moments);
+      for (std::size_t i = 5; i < n; i += 11) g[i] = specials[(i / 11) % specials_used];
+      for (std::size_t i = 2; i < n; i += 13) v[i] = moments[(i / 13) % moments_used];
+    }
+    for (std::size_t offset : {0u, 1u, 3u})
+      for (std::size_t m : update_lengths) {
+        const T* gp = g.data() + offset;
+        const V* vp = v.data() + offset;
+        for (double eps_squared : {1e-16, 1.0, 1e-300, 0x1p-1074}) {
+          const double expected = portable::quotient_lanes(gp, vp, m, eps_squared);
+          for (auto target : vector_isas()) {
+            const double got =
+                with_isa(target, [&](auto k) { return decltype(k)::quotient_lanes(gp, vp, m, eps_squared); });
+            ASSERT_TRUE(same_double(got, expected))
+                << type_name<T>() << " g, " << type_name<V>() << " v, pattern " << pattern << ", m " << m << ", offset "
+                << offset << ": " << got << " != " << expected;
+          }
+        }
+        for (double theta : {5000.0, 1.0, 1e-3, 1e300, 1e-300}) {
+          // The fast test never rules out an element that SPAM clips (propagate clips the most).
+          std::size_t clips = 0;
+          for (std::size_t i = 0; i < m; ++i) {
+            T x = gp[i];
+            clips +=
+                gradclip::detail::spam_element(x, static_cast<double>(vp[i]), theta, gradclip::on_nonfinite::propagate);
+          }
+          const std::size_t expected = portable::spam_unclear(gp, vp, m, theta);
+          EXPECT_GE(expected, clips);
+          for (auto target : vector_isas())
+            ASSERT_EQ(with_isa(target, [&](auto k) { return decltype(k)::spam_unclear(gp, vp, m, theta); }), expected)
+                << type_name<T>() << " g, " << type_name<V>() << " v, pattern " << pattern << ", m " << m;
+        }
+      }
+  }
+}
+
+TYPED_TEST(Kernels, UpdateKernelsGiveThePortableBits) {
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed + 250);
+  expect_update_kernels_agree<TypeParam, float>(rng);
+  expect_update_kernels_agree<TypeParam, double>(rng);
 }
 
 }  // namespace
