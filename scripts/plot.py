@@ -62,10 +62,15 @@ def training(args):
     clip_ax.set_ylabel("fraction of steps")
     clip_ax.legend(fontsize="small")
     clip_ax.set_ylim(-0.05, 1.05)
+    save_over_loss_scale(fig, (loss_ax, clip_ax), scale_ax, args)
+
+
+def save_over_loss_scale(fig, axes, scale_ax, args):
+    """Labels the bottom axes as the loss scale per step, grids every panel, and writes args.png."""
     scale_ax.set_yscale("log", base=2)
     scale_ax.set_ylabel("loss scale S")
     scale_ax.set_xlabel("step")
-    for ax in (loss_ax, clip_ax, scale_ax):
+    for ax in (*axes, scale_ax):
         ax.grid(True, alpha=0.3)
     fig.suptitle(args.title)
     fig.tight_layout()
@@ -102,15 +107,7 @@ def report(args):
     underflow_ax.set_ylabel("zero or subnormal in FP16 (%)")
     underflow_ax.set_ylim(-3, 103)
     underflow_ax.legend(ncol=3, fontsize="small")
-    scale_ax.set_yscale("log", base=2)
-    scale_ax.set_ylabel("loss scale S")
-    scale_ax.set_xlabel("step")
-    for ax in (norm_ax, underflow_ax, scale_ax):
-        ax.grid(True, alpha=0.3)
-    fig.suptitle(args.title)
-    fig.tight_layout()
-    fig.savefig(args.png, dpi=100)
-    print(f"wrote {args.png}")
+    save_over_loss_scale(fig, (norm_ax, underflow_ax), scale_ax, args)
 
 
 # Keys of a Google Benchmark JSON entry that are not user counters.
