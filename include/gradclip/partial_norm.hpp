@@ -102,8 +102,12 @@ struct partial_norm {
   }
 
   /// The norm: +inf when it exceeds double's range although every element was finite, NaN or +inf when
-  /// `!finite`.
-  double norm() const noexcept { return norm_scaled().value(); }
+  /// `!finite`. An unscaled L2 part (the common case) skips norm_scaled's normalization round trip: the
+  /// root of a positive double is a normal double, which splitting and joining again gives back exactly.
+  double norm() const noexcept {
+    if (finite && exponent == 0 && p == 2.0 && sum > 0.0) return std::sqrt(sum + low);
+    return norm_scaled().value();
+  }
 
   /// `sum` expressed at a scale 2^target >= 2^exponent: exact for integer p unless it underflows, when it
   /// is negligible; one rounding of the factor 2^(p * shift) otherwise.

@@ -379,14 +379,7 @@ inline void finish_report(tensor_report& report) noexcept {
   auto& stats = report_staging::stats(report);
   const auto& parts = report_staging::parts(report);
   for (std::size_t k = 0; k < stats.size(); ++k) {
-    const partial_norm& part = parts[k];
-    // An unscaled L2 part (the common case) is part.norm() without its normalization round trip, which
-    // costs more than the rest of a small tensor's report: the root of a positive double sum is a normal
-    // double, so splitting it into mantissa and exponent and joining them again gives it back exactly.
-    if (part.finite && part.exponent == 0 && part.p == 2.0 && part.sum > 0.0)
-      stats[k].norm = std::sqrt(part.sum + part.low);
-    else
-      stats[k].norm = part.norm();
+    stats[k].norm = parts[k].norm();
     if (stats[k].nan) stats[k].max_abs = std::numeric_limits<double>::quiet_NaN();
   }
 }
