@@ -216,4 +216,34 @@ TEST(PartialNorm, ReductionCarriesNonFinitePartsAndEmptyRanks) {
   EXPECT_TRUE(std::isnan(reduce({inf, one, nan}).norm()));
 }
 
+// gradclip::mpi reduces a kind as its row says. The exact integer SUM holds sums below 2^2 only, so its
+// rows must be those whose normalized sums, in [1, 2^p), stay below 4: p <= 2.
+TEST(NormKind, OnlyKindsWhoseRescaledSumsStayBelowFourReduceByExactSum) {
+  using gradclip::detail::norm_kind;
+  using gradclip::detail::rank_reduction;
+  std::mt19937_64 rng(seed + 25);
+  for (double p : {0.25, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 1000.0}) {
+    EXPECT_EQ(norm_kind{p}.ranks() == rank_reduction::exact_sum, p <= 2.0) << p;
+    if (norm_kind{p}.ranks() != rank_reduction::exact_sum) continue;
+    for (int round = 0; round < 1000; ++round) {
+      const partial_norm part{
+          static_cast<int>(rng() % 2001) - 1000,
+          std::ldexp(0.5 + 0x1p-64 * static_cast<double>(rng()), static_cast<int>(rng() % 401) - 200), true, p};
+      const double sum = part.reduction_sum(part.reduction_exponent());
+      EXPECT_GE(sum, 1.0) << p;
+      EXPECT_LT(sum, 4.0) << p;
+    }
+  }
+  EXPECT_EQ(norm_kind{INFINITY}.ranks(), rank_reduction::maximum_bits);
+}
+
+// Only the L2 norm reduces on the policies' sums of squares; every other kind on the p-norm kernels, the
+// same under every policy.
+TEST(NormKind, OnlyL2ReducesOnThePolicysSumOfSquares) {
+  using gradclip::detail::norm_kind;
+  using gradclip::detail::run_kernel;
+  for (double p : {0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 7.5, 1000.0, double{INFINITY}})
+    EXPECT_EQ(norm_kind{p}.kernel() == run_kernel::sum_of_squares, p == 2.0) << p;
+}
+
 }  // namespace

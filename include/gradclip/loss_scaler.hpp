@@ -4,6 +4,7 @@
 
 #include <gradclip/controller.hpp>
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/norm_kind.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
@@ -51,12 +52,7 @@ inline partial_norm unscaled(partial_norm part, double s) noexcept {
   if (!part.finite || part.sum == 0.0) return part;
   const scaled split = scaled::of(s);  // S = m * 2^k, m in [1, 2)
   part.exponent -= split.exponent;
-  if (split.mantissa != 1.0) {
-    if (part.p == 2.0)
-      part.sum = part.sum / split.mantissa / split.mantissa;
-    else
-      part.sum /= std::isinf(part.p) ? split.mantissa : std::pow(split.mantissa, part.p);
-  }
+  if (split.mantissa != 1.0) part.sum = norm_kind{part.p}.unscaled_sum(part.sum, split.mantissa);
   return part;
 }
 

@@ -4,6 +4,7 @@
 
 #include <gradclip/controller.hpp>
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/norm_kind.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/pipeline.hpp>
@@ -133,7 +134,8 @@ inline void agree_on_arguments(const char* function, MPI_Comm own, agreement& a,
                                double max_norm, const options& opt) {
   const double order = opt.norm.p();
   const std::uint64_t bad = problem.empty() ? 0u : static_cast<std::uint64_t>(rank) + 1;
-  const std::uint64_t head = std::isinf(order) ? max_word(a.local) : exponent_word(a.local.reduction_exponent());
+  const bool by_maximum = gradclip::detail::norm_kind{order}.ranks() == gradclip::detail::rank_reduction::maximum_bits;
+  const std::uint64_t head = by_maximum ? max_word(a.local) : exponent_word(a.local.reduction_exponent());
   const auto mode = static_cast<std::uint64_t>(opt.nonfinite);
   const std::array<std::uint64_t, 11> words{head,
                                             bad,
@@ -189,14 +191,16 @@ agreement agree(const char* function, MPI_Comm own, const Grads& local_grads, do
   return a;
 }
 
-/// The global part from the local one and the agreed first word. L1 and L2: the exact integer SUM of
-/// every rank's part at the common exponent, the same integers on every rank whatever the order MPI adds
-/// in. The max norm is the agreed word itself. Other p: every rank's part gathered and merged in rank
-/// order. Every rank gets the same bits.
+/// The global part from the local one and the agreed first word, as the kind's row says (norm_kind.hpp):
+/// the exact integer SUM of every rank's part at the common exponent (p <= 2), the same integers on every
+/// rank whatever the order MPI adds in; the agreed word itself (the max norm); or every rank's part
+/// gathered and merged in rank order. Every rank gets the same bits.
 inline partial_norm combine(const char* function, MPI_Comm own, const agreement& a) {
+  using gradclip::detail::rank_reduction;
   const double order = a.local.p;
-  if (std::isinf(order)) return part_of_max_word(a.words[0]);
-  if (order <= 2.0) {
+  const rank_reduction ranks = gradclip::detail::norm_kind{order}.ranks();
+  if (ranks == rank_reduction::maximum_bits) return part_of_max_word(a.words[0]);
+  if (ranks == rank_reduction::exact_sum) {
     const int max_exponent = exponent_of_word(a.words[0]);
     const partial_norm::exact_sum part = a.local.reduction_exact_sum(max_exponent);
     partial_norm::exact_sum total{};

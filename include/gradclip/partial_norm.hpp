@@ -5,6 +5,7 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/norm_kind.hpp>
 #include <gradclip/detail/scaled.hpp>
 
 #include <algorithm>
@@ -65,7 +66,8 @@ struct partial_norm {
   void merge(const partial_norm& other) noexcept {
     if (finite && other.finite && other.p == p) {
       if (other.sum == 0.0) return;
-      if (other.exponent == exponent && !std::isinf(p)) {  // the common case: parts at one scale
+      const bool by_sum = !detail::norm_kind{p}.merges_by_maximum();
+      if (other.exponent == exponent && by_sum) {  // the common case: parts at one scale
         const double total = sum + other.sum;
         if (!std::isinf(total)) {
           low = rounding_error(sum, other.sum, total) + (low + other.low);
@@ -92,20 +94,13 @@ struct partial_norm {
   detail::scaled norm_scaled() const noexcept {
     if (!finite) return {sum, 0};
     if (sum == 0.0) return {};
-    if (p == 2.0) return detail::scaled{std::sqrt(sum + low), exponent}.normalized();
-    if (p == 1.0 || std::isinf(p)) return detail::scaled{sum, exponent}.normalized();
-    // sum^(1/p) = 2^(k/p) * (sum * 2^-k)^(1/p) with k the binary exponent of sum: no overflow for any p.
-    const int k = std::ilogb(sum);
-    const double whole = std::floor(k / p);
-    const double root = std::pow(std::ldexp(sum, -k), 1.0 / p) * std::exp2(k / p - whole);
-    return detail::scaled{root, exponent + static_cast<int>(std::max(std::min(whole, 1e6), -1e6))}.normalized();
+    return detail::norm_kind{p}.root(sum, low, exponent);
   }
 
   /// The norm: +inf when it exceeds double's range although every element was finite, NaN or +inf when
-  /// `!finite`. An unscaled L2 part (the common case) skips norm_scaled's normalization round trip: the
-  /// root of a positive double is a normal double, which splitting and joining again gives back exactly.
+  /// `!finite`. Computed as norm_scaled().value(), with a shortcut for unscaled L2 parts (norm_kind::root_value).
   double norm() const noexcept {
-    if (finite && exponent == 0 && p == 2.0 && sum > 0.0) return std::sqrt(sum + low);
+    if (finite && sum > 0.0) return detail::norm_kind{p}.root_value(sum, low, exponent);
     return norm_scaled().value();
   }
 
@@ -119,8 +114,7 @@ struct partial_norm {
     if (!finite) return *this;
     if (sum == 0.0) return {0, 0.0, true, p};
     const int k = std::ilogb(sum);  // sum in [2^k, 2^(k+1))
-    const double unit = std::isinf(p) ? 1.0 : p;
-    const int shift = static_cast<int>(std::floor(k / unit));
+    const int shift = static_cast<int>(std::floor(k / detail::norm_kind{p}.weight()));
     partial_norm n{exponent + shift, 0.0, true, p};
     n.sum = rescaled(sum, exponent + shift);
     if (n.sum < 1.0) {  // k / p rounded up to a whole number (non-integer p): one step down
@@ -196,7 +190,7 @@ struct partial_norm {
   double rescaled(double v, int target) const noexcept {
     if (v == 0.0) return 0.0;  // an empty part at any scale (0 * 2^huge would be NaN)
     const double shift = static_cast<double>(exponent) - static_cast<double>(target);  // <= 0
-    const double power = std::isinf(p) ? shift : p * shift;
+    const double power = detail::norm_kind{p}.weight() * shift;
     if (power < -4000.0) return 0.0;
     if (power == std::floor(power)) return std::ldexp(v, static_cast<int>(power));
     return v * std::exp2(power);
@@ -215,7 +209,7 @@ struct partial_norm {
     const double tails =
         rescale_mine ? rescaled(low, other.exponent) + other.low : low + other.rescaled(other.low, exponent);
     if (rescale_mine) exponent = other.exponent;
-    if (std::isinf(p)) {
+    if (detail::norm_kind{p}.merges_by_maximum()) {
       sum = std::max(mine, theirs);
       return;
     }

@@ -10,6 +10,7 @@
 
 #include <gradclip/detail/census.hpp>
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/norm_kind.hpp>
 #include <gradclip/detail/reduce.hpp>
 #include <gradclip/detail/scale.hpp>
 #include <gradclip/detail/scaled.hpp>
@@ -44,14 +45,9 @@ inline constexpr std::size_t piece_elements = std::size_t{1} << 20;
 /// The least gradient bytes worth waking one more thread for.
 inline constexpr std::size_t parallel_grain_bytes = std::size_t{1} << 20;
 
-/// The largest finite p a norm may have: a part keeps sum |x|^p as sum * 2^(p * exponent) with a whole
-/// exponent, which leaves a block's largest term inside double's range only up to about p = 1900. Above
-/// it the p-norm differs from the max norm by less than a factor n^(1/p) anyway: use inf_norm.
-inline constexpr double largest_finite_p = 1000.0;
-
 inline void check_options(const char* function, const options& opt) {
   const double p = opt.norm.p();
-  if (!(p > 0) || (p > largest_finite_p && !std::isinf(p)))
+  if (!norm_kind{p}.accepted())
     throw std::invalid_argument(std::string(function) + ": options::norm must be in (0, 1000] or inf, not " +
                                 std::to_string(p));
   if (!(opt.epsilon >= 0) || !std::isfinite(opt.epsilon))
@@ -310,7 +306,7 @@ void reduce_columns(const piece<T>& p, double order, partial_norm* out) {
   const auto unit_view = [&](std::size_t u) {
     return strided_view<T>{p.view.data + static_cast<std::ptrdiff_t>(u), columns, stride};
   };
-  if (order != 2.0 || !std::is_same_v<Policy, robust>) {
+  if (norm_kind{order}.kernel() != run_kernel::sum_of_squares || !std::is_same_v<Policy, robust>) {
     for (std::size_t u = 0; u < units; ++u) out[u] = reduce_view<Policy>(unit_view(u), order);
     return;
   }
@@ -500,7 +496,7 @@ inline clip_plan plan_clip(const char* function, const partial_norm& part, doubl
   // correctly rounded quotient, and its tail lets the FP64 scale kernel round each element once from the
   // unrounded quotient.
   const scaled root =
-      part.p == 2.0 && part.sum > 0 ? root_with_tail(part.sum, part.low, part.exponent) : part.norm_scaled();
+      part.sum > 0 ? norm_kind{part.p}.root_for_quotient(part.sum, part.low, part.exponent) : part.norm_scaled();
   const scaled c = quotient_with_tail(max_norm, root, opt.epsilon);
   // c < 1: zero (max_norm = 0), or a normalized mantissa in [1, 2) with a negative exponent. A zero norm
   // gives an infinite c (or NaN with max_norm = 0), which never clips.

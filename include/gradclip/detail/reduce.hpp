@@ -5,6 +5,7 @@
 #include <gradclip/detail/census.hpp>
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
+#include <gradclip/detail/norm_kind.hpp>
 #include <gradclip/detail/numerics.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/partial_norm.hpp>
@@ -221,7 +222,7 @@ inline partial_norm reduce_run(const T* p, std::size_t n, double order, Observe&
     observe(p, n);
     return part;
   };
-  if (order != 2.0) return observed(power_sum_kernel(p, n, order));
+  if (norm_kind{order}.kernel() != run_kernel::sum_of_squares) return observed(power_sum_kernel(p, n, order));
   if constexpr (!traits::sequential && traits::max_scales && !std::is_same_v<element, double>)
     if (n <= short_run) return observed(short_sum_squares(p, n));
   if constexpr (traits::sequential) {
