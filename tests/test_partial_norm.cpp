@@ -1,5 +1,6 @@
 // partial_norm: merging scaled sums of squares is exact, order-independent and range-safe.
 #include <gradclip/norm.hpp>
+#include <gradclip/tensor_units.hpp>
 
 #include "reference.hpp"
 
@@ -244,6 +245,96 @@ TEST(NormKind, OnlyL2ReducesOnThePolicysSumOfSquares) {
   using gradclip::detail::run_kernel;
   for (double p : {0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 7.5, 1000.0, double{INFINITY}})
     EXPECT_EQ(norm_kind{p}.kernel() == run_kernel::sum_of_squares, p == 2.0) << p;
+}
+
+// Element counts add on every merge, whatever the parts hold: a zero part, a non-finite one, a part of
+// the maximum, parts that overflow together; normalized keeps them.
+TEST(PartialNorm, ElementCountsAddOnEveryMerge) {
+  partial_norm total{3, 1.0, true, 2.0, 0.0, 5};
+  total.merge({0, 0.0, true, 2.0, 0.0, 7});  // zero
+  EXPECT_EQ(total.elements, 12u);
+  total.merge({0, std::numeric_limits<double>::max(), true, 2.0, 0.0, 1});
+  total.merge({0, std::numeric_limits<double>::max(), true, 2.0, 0.0, 2});  // overflows unscaled
+  EXPECT_TRUE(total.finite);
+  EXPECT_EQ(total.elements, 15u);
+  EXPECT_EQ(total.normalized().elements, 15u);
+  total.merge(partial_norm::nonfinite(INFINITY));
+  total.merge({0, 1.0, true, 2.0, 0.0, 4});
+  EXPECT_FALSE(total.finite);
+  EXPECT_EQ(total.elements, 19u);
+  EXPECT_EQ(total.normalized().elements, 19u);
+  partial_norm wrong_kind{0, 1.0, true, 1.0, 0.0, 1};
+  wrong_kind.merge({0, 1.0, true, 2.0, 0.0, 2});
+  EXPECT_EQ(wrong_kind.elements, 3u);
+  partial_norm maximum{0, 1.0, true, INFINITY, 0.0, 6};
+  maximum.merge({9, 1.5, true, INFINITY, 0.0, 10});
+  EXPECT_EQ(maximum.elements, 16u);
+  EXPECT_EQ(partial_norm{}.normalized().elements, 0u);
+  EXPECT_EQ((partial_norm{0, 0.0, true, 2.0, 0.0, 8}.normalized().elements), 8u);
+  // The two all-reduces' results take the summed count.
+  const partial_norm part{4, 1.5, true, 2.0, 0.0, 3};
+  const int e = part.reduction_exponent();
+  EXPECT_EQ(partial_norm::from_reduction(e, part.reduction_sum(e), 2.0, 11).elements, 11u);
+  EXPECT_EQ(partial_norm::from_reduction(e, part.reduction_exact_sum(e), 2.0, 12).elements, 12u);
+  EXPECT_EQ(partial_norm::from_reduction(e, partial_norm::nonfinite(NAN).reduction_exact_sum(e), 2.0, 13).elements,
+            13u);
+  EXPECT_EQ(partial_norm::from_reduction(e, part.reduction_exact_sum(e)).norm(),
+            partial_norm::from_reduction(e, part.reduction_exact_sum(e), 2.0, 12).norm());
+}
+
+// Every reduction counts the elements its part covers: each kind, each thread count, contiguous runs,
+// strided views and interleaved units (the one-sweep path), gradients with NaN, and empty ones.
+TEST(PartialNorm, ReductionsCountTheirElementsOnEveryThreadCount) {
+  std::mt19937_64 rng(seed + 26);
+  std::normal_distribution<double> normal;
+  std::vector<Eigen::VectorXd> vectors;
+  for (Eigen::Index n : {0, 1, 17, 1000, 70000}) {
+    vectors.emplace_back(n);
+    for (Eigen::Index i = 0; i < n; ++i) vectors.back()[i] = normal(rng);
+  }
+  Eigen::MatrixXf matrix = Eigen::MatrixXf::Random(300, 257);
+  std::vector<gradclip::grad_view> group;
+  std::uint64_t total = 0;
+  for (auto& v : vectors) group.emplace_back(v), total += static_cast<std::uint64_t>(v.size());
+  group.emplace_back(matrix), total += static_cast<std::uint64_t>(matrix.size());
+  for (double p : {2.0, 1.0, 3.0, 0.5, double{INFINITY}}) {
+    for (unsigned threads : {1u, 2u, 3u}) {
+      gradclip::options opt;
+      opt.norm = gradclip::norm_type{p};
+      opt.threads = threads;
+      EXPECT_EQ(gradclip::partial_global_norm(group, opt).elements, total) << p << ", " << threads;
+      EXPECT_EQ(gradclip::partial_global_norm<gradclip::promote>(group, opt).elements, total) << p;
+      vectors[3][5] = NAN;
+      EXPECT_EQ(gradclip::partial_global_norm(group, opt).elements, total) << p << ", " << threads;
+      vectors[3][5] = 0.0;
+    }
+  }
+}
+
+// The units of a column-major matrix (its rows) interleave: robust L2 sums them in one sweep over the
+// columns (pipeline.hpp, reduce_columns), which builds parts itself. Each row's part counts its columns,
+// on the sweep, on the rescans of rows outside its range (a huge or NaN element), and on every thread count.
+TEST(PartialNorm, InterleavedUnitsCountTheirElements) {
+  for (double p : {2.0, 1.0}) {
+    for (unsigned threads : {1u, 2u, 3u}) {
+      Eigen::MatrixXd fp64 = Eigen::MatrixXd::Random(64, 300);
+      Eigen::MatrixXf fp32 = Eigen::MatrixXf::Random(64, 300);
+      fp64(3, 7) = 1e300, fp64(4, 8) = NAN, fp32(3, 7) = 3e38f, fp32(5, 9) = INFINITY;
+      gradclip::options opt;
+      opt.norm = gradclip::norm_type{p};
+      opt.threads = threads;
+      const auto check = [&](auto& m) {
+        const auto split = gradclip::detail::split_units(m);
+        ASSERT_TRUE(split.interleaved());
+        const auto parts =
+            gradclip::detail::reduce_units<gradclip::robust>(gradclip::detail::consecutive_units(split), opt);
+        for (std::size_t u = 0; u < 64; ++u)
+          EXPECT_EQ(parts[u].elements, 300u) << u << ", p = " << p << ", " << threads;
+      };
+      check(fp64);
+      check(fp32);
+    }
+  }
 }
 
 }  // namespace

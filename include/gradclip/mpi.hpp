@@ -12,6 +12,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -199,19 +200,24 @@ inline partial_norm combine(const char* function, MPI_Comm own, const agreement&
   using gradclip::detail::rank_reduction;
   const double order = a.local.p;
   const rank_reduction ranks = gradclip::detail::norm_kind{order}.ranks();
-  if (ranks == rank_reduction::maximum_bits) return part_of_max_word(a.words[0]);
+  if (ranks == rank_reduction::maximum_bits) return part_of_max_word(a.words[0]);  // no element count
   if (ranks == rank_reduction::exact_sum) {
     const int max_exponent = exponent_of_word(a.words[0]);
-    const partial_norm::exact_sum part = a.local.reduction_exact_sum(max_exponent);
-    partial_norm::exact_sum total{};
+    const partial_norm::exact_sum limbs = a.local.reduction_exact_sum(max_exponent);
+    // The limbs, then the element count, in the same SUM.
+    std::array<std::int64_t, limbs.size() + 1> part{}, total{};
+    std::copy(limbs.begin(), limbs.end(), part.begin());
+    part.back() = static_cast<std::int64_t>(a.local.elements);
     check(MPI_Allreduce(part.data(), total.data(), static_cast<int>(part.size()), MPI_INT64_T, MPI_SUM, own), function,
           "MPI_Allreduce");
-    return partial_norm::from_reduction(max_exponent, total, order);
+    partial_norm::exact_sum summed{};
+    std::copy(total.begin(), total.begin() + summed.size(), summed.begin());
+    return partial_norm::from_reduction(max_exponent, summed, order, static_cast<std::uint64_t>(total.back()));
   }
   int size = 0;
   check(MPI_Comm_size(own, &size), function, "MPI_Comm_size");
-  const std::array<std::uint64_t, 3> mine{static_cast<std::uint64_t>(static_cast<std::int64_t>(a.local.exponent)),
-                                          bits_of(a.local.sum), a.local.finite ? 1u : 0u};
+  const std::array<std::uint64_t, 4> mine{static_cast<std::uint64_t>(static_cast<std::int64_t>(a.local.exponent)),
+                                          bits_of(a.local.sum), a.local.finite ? 1u : 0u, a.local.elements};
   std::vector<std::uint64_t> all(mine.size() * static_cast<std::size_t>(size));
   check(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_UINT64_T, all.data(),
                       static_cast<int>(mine.size()), MPI_UINT64_T, own),
@@ -220,7 +226,7 @@ inline partial_norm combine(const char* function, MPI_Comm own, const agreement&
   for (std::size_t r = 0; r < all.size(); r += mine.size()) {
     double sum = 0;
     std::memcpy(&sum, &all[r + 1], sizeof sum);
-    total.merge({static_cast<int>(static_cast<std::int64_t>(all[r])), sum, all[r + 2] != 0, order});
+    total.merge({static_cast<int>(static_cast<std::int64_t>(all[r])), sum, all[r + 2] != 0, order, 0.0, all[r + 3]});
   }
   return total;
 }
@@ -257,9 +263,9 @@ struct agreed_controller {
 ///
 /// Collective: every rank of `comm` must call it, with the same options. Each rank reduces its own
 /// gradients under the policy; the parts are then combined: L1 and L2 exactly, with two all-reduces (a
-/// MAX of 88 bytes: the exponents and the arguments, then an integer SUM of 40 bytes: the sums rescaled
-/// to the common exponent), so no rank's contribution can overflow, underflow or depend on the order; the
-/// max norm with the first all-reduce alone (Megatron's MAX); other p by gathering 24 bytes per rank and
+/// MAX of 88 bytes: the exponents and the arguments, then an integer SUM of 48 bytes: the sums rescaled
+/// to the common exponent, and the element counts), so no rank's contribution can overflow, underflow or depend on the
+/// order; the max norm with the first all-reduce alone (Megatron's MAX); other p by gathering 32 bytes per rank and
 /// merging in rank order. NaN on any rank gives NaN everywhere, else an Inf gives +inf. Bad or differing
 /// options throw std::invalid_argument on every rank; MPI failures throw mpi_error.
 ///

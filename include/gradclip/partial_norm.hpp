@@ -36,8 +36,10 @@ inline namespace GRADCLIP_ABI {
 ///     double s = local.reduction_sum(e);      // all-reduce SUM over ranks (float64)
 ///     gradclip::partial_norm total = gradclip::partial_norm::from_reduction(e, s);
 ///
-/// Every rescaled sum lies in [0, 2^p), so the SUM can neither overflow nor lose a significant part, and a
-/// non-finite rank contributes NaN or +inf, which the SUM carries to every rank. A floating-point SUM
+/// Kinds whose norm reads the element count (the RMS norm) also need `elements` summed over the ranks
+/// (an integer SUM), passed to from_reduction. Every rescaled sum lies in [0, 2^p), so the SUM can neither
+/// overflow nor lose a significant part, and a non-finite rank contributes NaN or +inf, which the SUM
+/// carries to every rank. A floating-point SUM
 /// rounds in whatever order the library adds, which MPI does not promise is the same on every rank;
 /// `reduction_exact_sum` is the same contribution as integers, whose SUM (int64) is exact and so
 /// bit-identical on every rank whatever the order. The maximum norm reduces with one MAX instead (see
@@ -51,6 +53,9 @@ struct partial_norm {
   /// squares), merges adding their rounding errors to it; clipping and the L2 norm use it, the all-reduce
   /// helpers do not.
   double low = 0.0;
+  /// How many elements the part covers: set by the reductions, added by merge whatever the parts hold
+  /// (zero, non-finite), kept by normalized. Kinds whose norm depends on n (the RMS norm) read it.
+  std::uint64_t elements = 0;
 
   /// The exponent a zero or non-finite part contributes to the all-reduce MAX: it constrains nothing.
   static constexpr int no_exponent = std::numeric_limits<int>::min();
@@ -62,8 +67,121 @@ struct partial_norm {
   }
 
   /// Adds another part of the same norm. Commutative bit for bit; for three parts or more, each merge
-  /// rounds `sum` once.
+  /// rounds `sum` once. The element counts add.
   void merge(const partial_norm& other) noexcept {
+    const std::uint64_t count = elements + other.elements;
+    merge_values(other);
+    elements = count;
+  }
+
+  /// The norm as mantissa * 2^exponent: exists even where the norm exceeds double's range. Not finite
+  /// when `!finite`.
+  detail::scaled norm_scaled() const noexcept {
+    if (!finite) return {sum, 0};
+    if (sum == 0.0) return {};
+    return detail::norm_kind{p}.root(sum, low, exponent, elements);
+  }
+
+  /// The norm: +inf when it exceeds double's range although every element was finite, NaN or +inf when
+  /// `!finite`. Computed as norm_scaled().value(), with a shortcut for unscaled L2 parts (norm_kind::root_value).
+  double norm() const noexcept {
+    if (finite && sum > 0.0) return detail::norm_kind{p}.root_value(sum, low, exponent, elements);
+    return norm_scaled().value();
+  }
+
+  /// `sum` expressed at a scale 2^target >= 2^exponent: exact for integer p unless it underflows, when it
+  /// is negligible; one rounding of the factor 2^(p * shift) otherwise.
+  double scaled_sum_at(int target) const noexcept { return rescaled(sum, target); }
+
+  /// The same value with `sum` in [1, 2^p) ([1, 2) for the maximum; only the exponent moves, exactly for
+  /// integer p). Zero parts become empty parts and non-finite parts are returned unchanged.
+  partial_norm normalized() const noexcept {
+    if (!finite) return *this;
+    if (sum == 0.0) return {0, 0.0, true, p, 0.0, elements};
+    const int k = std::ilogb(sum);  // sum in [2^k, 2^(k+1))
+    const int shift = static_cast<int>(std::floor(k / detail::norm_kind{p}.weight()));
+    partial_norm n{exponent + shift, 0.0, true, p, 0.0, elements};
+    n.sum = rescaled(sum, exponent + shift);
+    if (n.sum < 1.0) {  // k / p rounded up to a whole number (non-integer p): one step down
+      n.exponent -= 1;
+      n.sum = rescaled(sum, n.exponent);
+    }
+    n.low = rescaled(low, n.exponent);
+    return n;
+  }
+
+  /// This part's contribution to the all-reduce MAX: the exponent of normalized(), or no_exponent.
+  int reduction_exponent() const noexcept { return finite && sum != 0.0 ? normalized().exponent : no_exponent; }
+
+  /// This part's contribution to the all-reduce SUM, given `max_exponent`, the result of the MAX: the
+  /// normalized sum rescaled to that exponent, in [0, 2^p); NaN or +inf for a non-finite part.
+  double reduction_sum(int max_exponent) const noexcept {
+    if (!finite) return sum;
+    if (sum == 0.0) return 0.0;
+    return normalized().scaled_sum_at(max_exponent);
+  }
+
+  /// The reduced part from the results of the two all-reduces (on every rank the same), covering
+  /// `elements`: the SUM of the ranks' element counts, for the kinds that read it (the RMS norm).
+  static partial_norm from_reduction(int max_exponent, double summed, double order = 2.0,
+                                     std::uint64_t elements = 0) noexcept {
+    if (!std::isfinite(summed)) return {0, summed, false, order, 0.0, elements};
+    if (max_exponent == no_exponent || summed == 0.0) return {0, 0.0, true, order, 0.0, elements};
+    return {max_exponent, summed, true, order, 0.0, elements};
+  }
+
+  /// reduction_sum as integers for an all-reduce SUM over int64 (for p <= 2): counts of NaN and of +inf
+  /// parts, then the rescaled sum in fixed point, 32 bits per limb from 2^1 down to 2^-94. Integer sums are exact, so
+  /// the result does not depend on the order of the reduction; only bits below 2^-94 of the largest
+  /// part's scale are lost (rounded, per part), far below one rounding of the total. Up to 2^30 parts.
+  using exact_sum = std::array<std::int64_t, 5>;
+
+  exact_sum reduction_exact_sum(int max_exponent) const noexcept {
+    if (!finite) return {std::isnan(sum) ? 1 : 0, std::isnan(sum) ? 0 : 1, 0, 0, 0};
+    double v = std::ldexp(reduction_sum(max_exponent), 30);  // [0, 2^32)
+    exact_sum limbs{};
+    for (std::size_t j = 2; j < 4; ++j) {  // exact: a fraction of a double and its products by 2^32 are doubles
+      const double whole = std::floor(v);
+      limbs[j] = static_cast<std::int64_t>(whole);
+      v = std::ldexp(v - whole, 32);
+    }
+    limbs[4] = std::llround(v);
+    return limbs;
+  }
+
+  /// The reduced part from the MAX of reduction_exponent and the SUM of reduction_exact_sum, correctly
+  /// rounded to double from the exact integer total.
+  static partial_norm from_reduction(int max_exponent, const exact_sum& summed, double order = 2.0,
+                                     std::uint64_t elements = 0) noexcept {
+    partial_norm part = from_exact_sum(max_exponent, summed, order);
+    part.elements = elements;
+    return part;
+  }
+
+ private:
+  static partial_norm from_exact_sum(int max_exponent, const exact_sum& summed, double order) noexcept {
+    if (summed[0] > 0) return nonfinite(std::numeric_limits<double>::quiet_NaN(), order);
+    if (summed[1] > 0) return nonfinite(std::numeric_limits<double>::infinity(), order);
+    if (max_exponent == no_exponent) return {0, 0.0, true, order};
+    // Carry the limbs into one 128-bit integer hi:lo, worth (hi * 2^64 + lo) * 2^-94.
+    constexpr std::uint64_t low32 = 0xffffffffu;
+    std::uint64_t l2 = static_cast<std::uint64_t>(summed[4]);
+    std::uint64_t l1 = static_cast<std::uint64_t>(summed[3]) + (l2 >> 32);
+    std::uint64_t hi = static_cast<std::uint64_t>(summed[2]) + (l1 >> 32);
+    std::uint64_t lo = ((l1 & low32) << 32) | (l2 & low32);
+    if (hi == 0) return from_reduction(max_exponent, std::ldexp(static_cast<double>(lo), -94), order);
+    int shift = 0;
+    for (; (hi >> 63) == 0; ++shift) {
+      hi = (hi << 1) | (lo >> 63);
+      lo <<= 1;
+    }
+    // The 64 leading bits with the rest folded into a sticky bit: converting them rounds correctly.
+    const double top = static_cast<double>(hi | (lo != 0 ? 1u : 0u));
+    return from_reduction(max_exponent, std::ldexp(top, 64 - 94 - shift), order);
+  }
+
+  /// merge without the element counts.
+  void merge_values(const partial_norm& other) noexcept {
     if (finite && other.finite && other.p == p) {
       if (other.sum == 0.0) return;
       const bool by_sum = !detail::norm_kind{p}.merges_by_maximum();
@@ -89,103 +207,6 @@ struct partial_norm {
     *this = nonfinite(saw_nan ? std::numeric_limits<double>::quiet_NaN() : sum + other.sum, p);
   }
 
-  /// The norm as mantissa * 2^exponent: exists even where the norm exceeds double's range. Not finite
-  /// when `!finite`.
-  detail::scaled norm_scaled() const noexcept {
-    if (!finite) return {sum, 0};
-    if (sum == 0.0) return {};
-    return detail::norm_kind{p}.root(sum, low, exponent);
-  }
-
-  /// The norm: +inf when it exceeds double's range although every element was finite, NaN or +inf when
-  /// `!finite`. Computed as norm_scaled().value(), with a shortcut for unscaled L2 parts (norm_kind::root_value).
-  double norm() const noexcept {
-    if (finite && sum > 0.0) return detail::norm_kind{p}.root_value(sum, low, exponent);
-    return norm_scaled().value();
-  }
-
-  /// `sum` expressed at a scale 2^target >= 2^exponent: exact for integer p unless it underflows, when it
-  /// is negligible; one rounding of the factor 2^(p * shift) otherwise.
-  double scaled_sum_at(int target) const noexcept { return rescaled(sum, target); }
-
-  /// The same value with `sum` in [1, 2^p) ([1, 2) for the maximum; only the exponent moves, exactly for
-  /// integer p). Zero parts become empty parts and non-finite parts are returned unchanged.
-  partial_norm normalized() const noexcept {
-    if (!finite) return *this;
-    if (sum == 0.0) return {0, 0.0, true, p};
-    const int k = std::ilogb(sum);  // sum in [2^k, 2^(k+1))
-    const int shift = static_cast<int>(std::floor(k / detail::norm_kind{p}.weight()));
-    partial_norm n{exponent + shift, 0.0, true, p};
-    n.sum = rescaled(sum, exponent + shift);
-    if (n.sum < 1.0) {  // k / p rounded up to a whole number (non-integer p): one step down
-      n.exponent -= 1;
-      n.sum = rescaled(sum, n.exponent);
-    }
-    n.low = rescaled(low, n.exponent);
-    return n;
-  }
-
-  /// This part's contribution to the all-reduce MAX: the exponent of normalized(), or no_exponent.
-  int reduction_exponent() const noexcept { return finite && sum != 0.0 ? normalized().exponent : no_exponent; }
-
-  /// This part's contribution to the all-reduce SUM, given `max_exponent`, the result of the MAX: the
-  /// normalized sum rescaled to that exponent, in [0, 2^p); NaN or +inf for a non-finite part.
-  double reduction_sum(int max_exponent) const noexcept {
-    if (!finite) return sum;
-    if (sum == 0.0) return 0.0;
-    return normalized().scaled_sum_at(max_exponent);
-  }
-
-  /// The reduced part from the results of the two all-reduces (on every rank the same).
-  static partial_norm from_reduction(int max_exponent, double summed, double order = 2.0) noexcept {
-    if (!std::isfinite(summed)) return {0, summed, false, order};
-    if (max_exponent == no_exponent || summed == 0.0) return {0, 0.0, true, order};
-    return {max_exponent, summed, true, order};
-  }
-
-  /// reduction_sum as integers for an all-reduce SUM over int64 (for p <= 2): counts of NaN and of +inf
-  /// parts, then the rescaled sum in fixed point, 32 bits per limb from 2^1 down to 2^-94. Integer sums are exact, so
-  /// the result does not depend on the order of the reduction; only bits below 2^-94 of the largest
-  /// part's scale are lost (rounded, per part), far below one rounding of the total. Up to 2^30 parts.
-  using exact_sum = std::array<std::int64_t, 5>;
-
-  exact_sum reduction_exact_sum(int max_exponent) const noexcept {
-    if (!finite) return {std::isnan(sum) ? 1 : 0, std::isnan(sum) ? 0 : 1, 0, 0, 0};
-    double v = std::ldexp(reduction_sum(max_exponent), 30);  // [0, 2^32)
-    exact_sum limbs{};
-    for (std::size_t j = 2; j < 4; ++j) {  // exact: a fraction of a double and its products by 2^32 are doubles
-      const double whole = std::floor(v);
-      limbs[j] = static_cast<std::int64_t>(whole);
-      v = std::ldexp(v - whole, 32);
-    }
-    limbs[4] = std::llround(v);
-    return limbs;
-  }
-
-  /// The reduced part from the MAX of reduction_exponent and the SUM of reduction_exact_sum, correctly
-  /// rounded to double from the exact integer total.
-  static partial_norm from_reduction(int max_exponent, const exact_sum& summed, double order = 2.0) noexcept {
-    if (summed[0] > 0) return nonfinite(std::numeric_limits<double>::quiet_NaN(), order);
-    if (summed[1] > 0) return nonfinite(std::numeric_limits<double>::infinity(), order);
-    if (max_exponent == no_exponent) return {0, 0.0, true, order};
-    // Carry the limbs into one 128-bit integer hi:lo, worth (hi * 2^64 + lo) * 2^-94.
-    constexpr std::uint64_t low32 = 0xffffffffu;
-    std::uint64_t l2 = static_cast<std::uint64_t>(summed[4]);
-    std::uint64_t l1 = static_cast<std::uint64_t>(summed[3]) + (l2 >> 32);
-    std::uint64_t hi = static_cast<std::uint64_t>(summed[2]) + (l1 >> 32);
-    std::uint64_t lo = ((l1 & low32) << 32) | (l2 & low32);
-    if (hi == 0) return from_reduction(max_exponent, std::ldexp(static_cast<double>(lo), -94), order);
-    int shift = 0;
-    for (; (hi >> 63) == 0; ++shift) {
-      hi = (hi << 1) | (lo >> 63);
-      lo <<= 1;
-    }
-    // The 64 leading bits with the rest folded into a sticky bit: converting them rounds correctly.
-    const double top = static_cast<double>(hi | (lo != 0 ? 1u : 0u));
-    return from_reduction(max_exponent, std::ldexp(top, 64 - 94 - shift), order);
-  }
-
- private:
   /// v (this part's sum or tail) expressed at 2^target >= 2^exponent: see scaled_sum_at.
   double rescaled(double v, int target) const noexcept {
     if (v == 0.0) return 0.0;  // an empty part at any scale (0 * 2^huge would be NaN)

@@ -48,8 +48,8 @@ inline constexpr std::size_t parallel_grain_bytes = std::size_t{1} << 20;
 inline void check_options(const char* function, const options& opt) {
   const double p = opt.norm.p();
   if (!norm_kind{p}.accepted())
-    throw std::invalid_argument(std::string(function) + ": options::norm must be in (0, 1000] or inf, not " +
-                                std::to_string(p));
+    throw std::invalid_argument(std::string(function) +
+                                ": options::norm must be in (0, 1000], inf or a named kind, not " + std::to_string(p));
   if (!(opt.epsilon >= 0) || !std::isfinite(opt.epsilon))
     throw std::invalid_argument(std::string(function) + ": options::epsilon must be finite and >= 0");
   if (opt.nonfinite != on_nonfinite::skip && opt.nonfinite != on_nonfinite::error &&
@@ -323,7 +323,7 @@ void reduce_columns(const piece<T>& p, double order, partial_norm* out) {
           continue;
         }
         const double hi_sum = sum[u] + compensation[u];
-        out[u] = {0, hi_sum, true, 2.0, compensation[u] - (hi_sum - sum[u])};
+        out[u] = {0, hi_sum, true, order, compensation[u] - (hi_sum - sum[u]), columns};
         if (!std::isfinite(hi_sum)) out[u] = reduce_view<Policy>(unit_view(u), order);
       }
     } else {
@@ -335,7 +335,8 @@ void reduce_columns(const piece<T>& p, double order, partial_norm* out) {
         const bool accurate = fits_without_scaling<element, Acc>
                                   ? std::isfinite(sums[u])
                                   : sums[u] >= min_sum && sums[u] <= std::numeric_limits<double>::max();
-        out[u] = accurate ? partial_norm{0, sums[u], true} : reduce_view<Policy>(unit_view(u), order);
+        out[u] =
+            accurate ? partial_norm{0, sums[u], true, order, 0.0, columns} : reduce_view<Policy>(unit_view(u), order);
       }
     }
   });
@@ -495,8 +496,9 @@ inline clip_plan plan_clip(const char* function, const partial_norm& part, doubl
   // The root of the L2 sum (with its tail) and the quotient in double-double: the coefficient is the
   // correctly rounded quotient, and its tail lets the FP64 scale kernel round each element once from the
   // unrounded quotient.
-  const scaled root =
-      part.sum > 0 ? norm_kind{part.p}.root_for_quotient(part.sum, part.low, part.exponent) : part.norm_scaled();
+  const scaled root = part.sum > 0
+                          ? norm_kind{part.p}.root_for_quotient(part.sum, part.low, part.exponent, part.elements)
+                          : part.norm_scaled();
   const scaled c = quotient_with_tail(max_norm, root, opt.epsilon);
   // c < 1: zero (max_norm = 0), or a normalized mantissa in [1, 2) with a negative exponent. A zero norm
   // gives an infinite c (or NaN with max_norm = 0), which never clips.

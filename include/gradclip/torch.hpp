@@ -10,6 +10,7 @@
 #include <gradclip/adaptive_clip.hpp>
 #include <gradclip/clip.hpp>
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/norm_kind.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
@@ -248,6 +249,11 @@ class tensor_group {
   /// The part of the norm of kind opt.norm (options checked by the caller), filling opt.report.
   partial_norm reduce(const options& opt) const {
     if (!ops_) return partial_global_norm<Policy>(views_, opt);
+    if (!gradclip::detail::norm_kind{opt.norm.p()}.p_norm())
+      throw std::invalid_argument(
+          std::string(function_) + ": tensors on device " + grads_.front().device().str() +
+          " go through libtorch's operations, which compute p-norms only, not options::norm = " +
+          std::to_string(opt.norm.p()));
     if (!opt.report) return op_reduce(grads_, opt.norm.p());
     std::vector<tensor_stats> stats;
     const partial_norm total = op_reduce(grads_, opt.norm.p(), &stats);
@@ -336,8 +342,12 @@ inline std::vector<torch::Tensor> defined_gradients(const char* function, const 
   return grads;
 }
 
-/// The options of the drop-ins: libtorch's epsilon and NaN/Inf arithmetic, its thread count.
-inline options drop_in_options(double norm_type, bool error_if_nonfinite) {
+/// The options of the drop-ins: libtorch's epsilon and NaN/Inf arithmetic, its thread count. norm_type is
+/// libtorch's p: the keys of gradclip's other kinds (rms_norm) are refused.
+inline options drop_in_options(const char* function, double norm_type, bool error_if_nonfinite) {
+  if (!gradclip::detail::norm_kind{norm_type}.p_norm())
+    throw std::invalid_argument(std::string(function) + ": norm_type must be > 0 or inf, not " +
+                                std::to_string(norm_type));
   return {error_if_nonfinite ? on_nonfinite::error : on_nonfinite::propagate, 1e-6, gradclip::norm_type{norm_type},
           static_cast<unsigned>(at::get_num_threads())};
 }
@@ -383,7 +393,7 @@ inline void clamp_gradient(const torch::Tensor& grad, double clip_value) {
 inline double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double norm_type = 2.0,
                               bool error_if_nonfinite = false) {
   constexpr const char* function = "gradclip::libtorch::clip_grad_norm_";
-  const options opt = detail::drop_in_options(norm_type, error_if_nonfinite);
+  const options opt = detail::drop_in_options(function, norm_type, error_if_nonfinite);
   gradclip::detail::check_clip_arguments(function, max_norm, opt);
   detail::tensor_group<robust> group(function, detail::defined_gradients(function, parameters, true));
   const partial_norm total = group.reduce(opt);
@@ -413,7 +423,7 @@ inline double clip_grad_norm_(const torch::Tensor& parameter, double max_norm, d
 inline double get_total_norm(const std::vector<torch::Tensor>& tensors, double norm_type = 2.0,
                              bool error_if_nonfinite = false) {
   constexpr const char* function = "gradclip::libtorch::get_total_norm";
-  const options opt = detail::drop_in_options(norm_type, error_if_nonfinite);
+  const options opt = detail::drop_in_options(function, norm_type, error_if_nonfinite);
   gradclip::detail::check_options(function, opt);
   const detail::tensor_group<robust> group(function, detail::defined_gradients(function, tensors, false));
   const partial_norm total = group.reduce(opt);
@@ -428,7 +438,7 @@ inline double get_total_norm(const std::vector<torch::Tensor>& tensors, double n
 /// or NaN max_norm, a negative total_norm and unsupported gradients.
 inline void clip_grads_with_norm_(const std::vector<torch::Tensor>& parameters, double max_norm, double total_norm) {
   constexpr const char* function = "gradclip::libtorch::clip_grads_with_norm_";
-  const options opt = detail::drop_in_options(2.0, false);
+  const options opt = detail::drop_in_options(function, 2.0, false);
   gradclip::detail::check_clip_arguments(function, max_norm, opt);
   if (total_norm < 0) throw std::invalid_argument(std::string(function) + ": total_norm must be >= 0, NaN or +inf");
   detail::tensor_group<robust> group(function, detail::defined_gradients(function, parameters, true));

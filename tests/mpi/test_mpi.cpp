@@ -343,6 +343,33 @@ TEST(Mpi, EmptyRanksTakePart) {
   EXPECT_EQ(norm, 2.0 * std::sqrt(static_cast<double>(size_of() / 2)));
 }
 
+// The global part counts every rank's elements, exactly and the same on every rank, for the kinds that
+// sum (in the exact SUM's extra word) and those that gather (in each rank's gathered words), with NaN on
+// one rank and with empty ranks.
+TEST(Mpi, TheGlobalPartCountsEveryRanksElements) {
+  const int rank = rank_of(), ranks = size_of();
+  for (const double p : {2.0, 1.0, 3.0}) {
+    for (const bool nan : {false, true}) {
+      std::vector<std::vector<float>> mine;
+      if (rank % 2 == 0) mine.assign(static_cast<std::size_t>(rank) + 1, std::vector<float>(1000 + rank, 0.5f));
+      if (nan && rank == ranks - 1) mine.push_back({NAN, 1.0f});
+      std::uint64_t expected = 0;
+      for (int r = 0; r < ranks; ++r) {
+        if (r % 2 == 0) expected += static_cast<std::uint64_t>(r + 1) * static_cast<std::uint64_t>(1000 + r);
+        if (nan && r == ranks - 1) expected += 2;
+      }
+      const gradclip::options opt{gradclip::on_nonfinite::propagate, 0.0, gradclip::norm_type{p}};
+      const char* function = "test";
+      const MPI_Comm own = gradclip::mpi::detail::library_comm(function, MPI_COMM_WORLD);
+      const auto a = gradclip::mpi::detail::agree<gradclip::robust>(function, own, mine, 0.0, opt);
+      const gradclip::partial_norm global = gradclip::mpi::detail::combine(function, own, a);
+      EXPECT_EQ(global.elements, expected) << "p = " << p << ", rank " << rank;
+      EXPECT_EQ(global.finite, !nan);
+      EXPECT_TRUE(same_on_every_rank(static_cast<double>(global.elements)));
+    }
+  }
+}
+
 TEST(Mpi, MixedElementTypesOnEveryRank) {
   std::mt19937_64 rng(seed + 102);
   auto weights = random_gradient<Eigen::half>(700 + static_cast<std::size_t>(rank_of()), rng, 30.0);

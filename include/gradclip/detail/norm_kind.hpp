@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 namespace gradclip {
 inline namespace GRADCLIP_ABI {
@@ -57,6 +58,7 @@ struct norm_row {
   rank_reduction ranks;
   run_kernel kernel;
   bool accepted;  ///< whether a call takes this kind (check_options)
+  bool p_norm;    ///< the kind is the p-norm of its p: what libtorch's norm_type means (torch.hpp)
 };
 
 /// The row of the kind named p (norm_type, partial_norm::p): L2, L1, the maximum, or any other p. The
@@ -66,16 +68,18 @@ inline norm_row row_of(double p) noexcept {
   using unscale = unscale_rule;
   using ranks = rank_reduction;
   using kernel = run_kernel;
-  // {weight, merges_by_maximum, root, unscale, ranks, kernel, accepted}
+  // {weight, merges_by_maximum, root, unscale, ranks, kernel, accepted, p_norm}
   if (p == 2.0)
-    return {2.0, false, root::square_root, unscale::mantissa_twice, ranks::exact_sum, kernel::sum_of_squares, true};
+    return {2.0,  false, root::square_root, unscale::mantissa_twice, ranks::exact_sum, kernel::sum_of_squares,
+            true, true};
   if (p == 1.0)
-    return {1.0, false, root::identity, unscale::mantissa_to_weight, ranks::exact_sum, kernel::p_norm, true};
-  if (std::isinf(p)) return {1.0, true, root::identity, unscale::mantissa, ranks::maximum_bits, kernel::p_norm, p > 0};
+    return {1.0, false, root::identity, unscale::mantissa_to_weight, ranks::exact_sum, kernel::p_norm, true, true};
+  if (std::isinf(p))
+    return {1.0, true, root::identity, unscale::mantissa, ranks::maximum_bits, kernel::p_norm, p > 0, true};
   if (p <= 2.0)
-    return {p, false, root::weight_root, unscale::mantissa_to_weight, ranks::exact_sum, kernel::p_norm, p > 0};
+    return {p, false, root::weight_root, unscale::mantissa_to_weight, ranks::exact_sum, kernel::p_norm, p > 0, true};
   const bool in_range = p <= largest_finite_p;  // false for NaN
-  return {p, false, root::weight_root, unscale::mantissa_to_weight, ranks::gather, kernel::p_norm, in_range};
+  return {p, false, root::weight_root, unscale::mantissa_to_weight, ranks::gather, kernel::p_norm, in_range, true};
 }
 
 /// A norm kind, named by the p of norm_type and of partial_norm, with the rules of its row.
@@ -84,14 +88,16 @@ class norm_kind {
   explicit norm_kind(double p) noexcept : row_(row_of(p)) {}
 
   bool accepted() const noexcept { return row_.accepted; }
+  bool p_norm() const noexcept { return row_.p_norm; }
   bool merges_by_maximum() const noexcept { return row_.merges_by_maximum; }
   /// See norm_row::weight.
   double weight() const noexcept { return row_.weight; }
   rank_reduction ranks() const noexcept { return row_.ranks; }
   run_kernel kernel() const noexcept { return row_.kernel; }
 
-  /// The norm of a finite part with sum > 0 (and tail low), as mantissa * 2^exponent.
-  scaled root(double sum, double low, int exponent) const noexcept {
+  /// The norm of a finite part with sum > 0 (and tail low) covering `elements` elements, as
+  /// mantissa * 2^exponent.
+  scaled root(double sum, double low, int exponent, std::uint64_t /*elements*/) const noexcept {
     switch (row_.root) {
       case norm_root::square_root:
         return scaled{std::sqrt(sum + low), exponent}.normalized();
@@ -110,16 +116,16 @@ class norm_kind {
 
   /// root(...).value(); an unscaled square root (the common case) skips the normalization round trip:
   /// the root of a positive double is a normal double, which splitting and joining gives back exactly.
-  double root_value(double sum, double low, int exponent) const noexcept {
+  double root_value(double sum, double low, int exponent, std::uint64_t elements) const noexcept {
     if (row_.root == norm_root::square_root && exponent == 0) return std::sqrt(sum + low);
-    return root(sum, low, exponent).value();
+    return root(sum, low, exponent, elements).value();
   }
 
   /// root(...) for the quotient of clipping: a square root in double-double (the tail kept), so that the
   /// coefficient is correctly rounded; the other roots as root() gives them.
-  scaled root_for_quotient(double sum, double low, int exponent) const noexcept {
+  scaled root_for_quotient(double sum, double low, int exponent, std::uint64_t elements) const noexcept {
     if (row_.root == norm_root::square_root) return root_with_tail(sum, low, exponent);
-    return root(sum, low, exponent);
+    return root(sum, low, exponent, elements);
   }
 
   /// A part's sum divided by the mantissa m (in [1, 2)) of a loss scale.

@@ -214,7 +214,7 @@ inline partial_norm sequential_sum_squares(const T* p, std::size_t n) noexcept {
 /// observe(chunk, m) sees every element once, after the reduction read it: in chunks while they are in
 /// cache on the L2 sum-of-squares path, all at once after the other paths.
 template <class Policy, class T, class Observe = no_observer>
-inline partial_norm reduce_run(const T* p, std::size_t n, double order, Observe&& observe = {}) noexcept {
+inline partial_norm reduce_run_kernels(const T* p, std::size_t n, double order, Observe&& observe = {}) noexcept {
   static_assert(is_policy_v<Policy>, "The policy must be a row of gradclip::detail::policy_traits.");
   using traits = policy_traits<Policy>;
   using element = std::remove_const_t<T>;
@@ -236,6 +236,16 @@ inline partial_norm reduce_run(const T* p, std::size_t n, double order, Observe&
         return sum_squares<K, typename traits::template accumulator<element>, traits::max_scales>(p, n, observe);
     });
   }
+}
+
+/// reduce_run_kernels' part, of the kind `order` (the sums of squares serve more than L2), covering n
+/// elements.
+template <class Policy, class T, class Observe = no_observer>
+inline partial_norm reduce_run(const T* p, std::size_t n, double order, Observe&& observe = {}) noexcept {
+  partial_norm part = reduce_run_kernels<Policy>(p, n, order, observe);
+  part.p = order;
+  part.elements = n;
+  return part;
 }
 
 }  // namespace detail
