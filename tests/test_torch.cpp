@@ -827,6 +827,32 @@ TEST(TorchWithOptions, PolicyIsPassedThrough) {
   EXPECT_EQ(ours.grad().item<double>(), 0.0) << "naive reproduces the FP16 overflow on purpose";
 }
 
+// gradclip::rms_norm is no p-norm: the drop-ins, whose norm_type is libtorch's p, refuse its key; the
+// options front-ends take it on the CPU and refuse it on libtorch's operations, which compute p-norms only.
+TEST(TorchWithOptions, RmsNormRunsNativelyAndIsRefusedWhereOnlyPNormsRun) {
+  auto w = torch::zeros({10, 10}, torch::kFloat).requires_grad_();
+  w.mutable_grad() = torch::full({10, 10}, 3.0, torch::kFloat);
+  const auto original = w.grad().clone();
+  EXPECT_THROW((void)gradclip::libtorch::clip_grad_norm_(w, 1.0, -2.0), std::invalid_argument);
+  EXPECT_THROW((void)gradclip::libtorch::get_total_norm({w.grad()}, -2.0), std::invalid_argument);
+  EXPECT_TRUE(torch::equal(w.grad(), original));
+  const gradclip::options opt{gradclip::on_nonfinite::skip, 0.0, gradclip::rms_norm};
+  if (GRADCLIP_TORCH_FORCE_OPS) {
+    try {
+      (void)gradclip::libtorch::clip_grad_norm_with({w}, 1.0, opt);
+      ADD_FAILURE() << "no exception";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("p-norms only"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(torch::equal(w.grad(), original));
+  } else {
+    const auto result = gradclip::libtorch::clip_grad_norm_with({w}, 1.0, opt);
+    EXPECT_EQ(result.norm, 3.0);
+    EXPECT_TRUE(result.clipped);
+    EXPECT_LE((w.grad() - 1.0).abs().max().item<double>(), 0x1p-24);
+  }
+}
+
 TEST(TorchWithOptions, UnsupportedTensorsThrowBeforeAnythingIsModified) {
   const std::string name = "gradclip::libtorch::clip_grads_";
   auto valid = torch::tensor({300.0f, 400.0f});

@@ -19,8 +19,9 @@ enum class on_nonfinite {
   propagate,  ///< PyTorch's arithmetic: multiply by max_norm / (norm + epsilon) when that is below 1, or NaN
 };
 
-/// Which norm: ||g||_p = (sum |g_i|^p)^(1/p) for p > 0, max |g_i| for p = +inf (PyTorch's norm_type).
-/// Explicit, so that a plain number never becomes a norm by accident.
+/// Which norm: ||g||_p = (sum |g_i|^p)^(1/p) for p > 0, max |g_i| for p = +inf (PyTorch's norm_type), or
+/// a named kind whose key is a p no p-norm has (rms_norm, -2). Explicit, so that a plain number never
+/// becomes a norm by accident.
 class norm_type {
  public:
   constexpr explicit norm_type(double p) noexcept : p_(p) {}
@@ -35,6 +36,9 @@ class norm_type {
 inline constexpr norm_type l1_norm{1.0};                                       ///< sum of magnitudes
 inline constexpr norm_type l2_norm{2.0};                                       ///< the default norm
 inline constexpr norm_type inf_norm{std::numeric_limits<double>::infinity()};  ///< max magnitude
+/// The root mean square ||g||_2 / sqrt(n) over the n elements (of a tensor, a group, every rank). Its key,
+/// p = -2, is no p-norm's: norm_type{-2} is this kind, not a p-norm.
+inline constexpr norm_type rms_norm{-2.0};
 
 /// Threads the caller already has, for options::pool (e.g. an Eigen::ThreadPoolDevice through
 /// gradclip::eigen_executor, eigen_executor.hpp). gradclip only asks it to run jobs and wait for them,

@@ -211,6 +211,24 @@ TYPED_TEST(MpiTyped, EveryNormMatchesTheExactNormAndOneProcess) {
   }
 }
 
+// The RMS norm over the ranks: the exact SUM carries each rank's element count, so the norm is that of
+// the concatenation (binary128), the same bits on every rank, and the clip is the single-process one.
+TYPED_TEST(MpiTyped, RmsNormIsTheRmsOfTheConcatenation) {
+  using T = TypeParam;
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", " + type_name<T>() + ", " + std::to_string(size_of()) + " ranks");
+  std::mt19937_64 rng(seed + 103);
+  const auto group = random_group<T>(rng, size_of(), 4);
+  quad sum = 0;
+  std::size_t n = 0;
+  for (const auto x : group.concatenation()) sum += to_quad(x) * to_quad(x), ++n;
+  const gradclip::options opt{gradclip::on_nonfinite::skip, 0.0, gradclip::rms_norm};
+  auto mine = group.local(rank_of());
+  const double distributed = gradclip::mpi::global_norm(MPI_COMM_WORLD, mine, opt);
+  EXPECT_TRUE(same_on_every_rank(distributed));
+  EXPECT_LE(relative_error(distributed, n == 0 ? quad(0) : quad_sqrt(sum / quad(n))), robust_norm_bound<T>());
+  expect_matches_single_process(group, distributed / 3, opt);
+}
+
 TYPED_TEST(MpiTyped, EveryPolicyMatchesItsSingleProcessClip) {
   using T = TypeParam;
   std::mt19937_64 rng(seed + 101);

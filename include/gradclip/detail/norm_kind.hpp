@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace gradclip {
 inline namespace GRADCLIP_ABI {
@@ -22,9 +23,10 @@ inline constexpr double largest_finite_p = 1000.0;
 
 /// How a merged part becomes the norm.
 enum class norm_root {
-  square_root,  ///< sqrt(sum + low): the tail counts, and the quotient of clipping keeps it
-  identity,     ///< the sum (L1) or the maximum is the norm
-  weight_root,  ///< sum^(1/w), split so that it cannot overflow for any w
+  square_root,       ///< sqrt(sum + low): the tail counts, and the quotient of clipping keeps it
+  identity,          ///< the sum (L1) or the maximum is the norm
+  weight_root,       ///< sum^(1/w), split so that it cannot overflow for any w
+  mean_square_root,  ///< sqrt((sum + low) / elements): the RMS norm, the tail kept as for square_root
 };
 
 /// What divides a part's sum by the mantissa m of a loss scale S = m * 2^k (its exponent takes 2^k).
@@ -61,8 +63,9 @@ struct norm_row {
   bool p_norm;    ///< the kind is the p-norm of its p: what libtorch's norm_type means (torch.hpp)
 };
 
-/// The row of the kind named p (norm_type, partial_norm::p): L2, L1, the maximum, or any other p. The
-/// exact integer SUM holds rescaled sums below 4 only, so p above 2 gathers instead.
+/// The row of the kind named p (norm_type, partial_norm::p): L2, L1, the maximum, any other p, or the RMS
+/// norm (key -2, options.hpp). The exact integer SUM holds rescaled sums below 4 only, so p above 2 gathers
+/// instead.
 inline norm_row row_of(double p) noexcept {
   using root = norm_root;
   using unscale = unscale_rule;
@@ -74,6 +77,9 @@ inline norm_row row_of(double p) noexcept {
             true, true};
   if (p == 1.0)
     return {1.0, false, root::identity, unscale::mantissa_to_weight, ranks::exact_sum, kernel::p_norm, true, true};
+  if (p == -2.0)  // rms_norm: L2's parts, merges, loss scale and all-reduce, its root divides by the count
+    return {2.0,  false, root::mean_square_root, unscale::mantissa_twice, ranks::exact_sum, kernel::sum_of_squares,
+            true, false};
   if (std::isinf(p))
     return {1.0, true, root::identity, unscale::mantissa, ranks::maximum_bits, kernel::p_norm, p > 0, true};
   if (p <= 2.0)
@@ -97,7 +103,7 @@ class norm_kind {
 
   /// The norm of a finite part with sum > 0 (and tail low) covering `elements` elements, as
   /// mantissa * 2^exponent.
-  scaled root(double sum, double low, int exponent, std::uint64_t /*elements*/) const noexcept {
+  scaled root(double sum, double low, int exponent, std::uint64_t elements) const noexcept {
     switch (row_.root) {
       case norm_root::square_root:
         return scaled{std::sqrt(sum + low), exponent}.normalized();
@@ -105,6 +111,10 @@ class norm_kind {
         return scaled{sum, exponent}.normalized();
       case norm_root::weight_root:
         break;
+      case norm_root::mean_square_root: {
+        const scaled r = mean_root_with_tail(sum, low, exponent, elements);
+        return scaled{r.mantissa + r.low, r.exponent}.normalized();
+      }
     }
     // sum^(1/w) = 2^(k/w) * (sum * 2^-k)^(1/w) with k the binary exponent of sum: no overflow for any w.
     const double w = row_.weight;
@@ -125,6 +135,7 @@ class norm_kind {
   /// coefficient is correctly rounded; the other roots as root() gives them.
   scaled root_for_quotient(double sum, double low, int exponent, std::uint64_t elements) const noexcept {
     if (row_.root == norm_root::square_root) return root_with_tail(sum, low, exponent);
+    if (row_.root == norm_root::mean_square_root) return mean_root_with_tail(sum, low, exponent, elements);
     return root(sum, low, exponent, elements);
   }
 
@@ -142,6 +153,17 @@ class norm_kind {
   }
 
  private:
+  /// sqrt((sum + low) / elements * 4^exponent) with its tail: the quotient in double-double, at a scale
+  /// where it is a normal double for any count (sum in [0.5, 4) there). No elements: +inf.
+  static scaled mean_root_with_tail(double sum, double low, int exponent, std::uint64_t elements) noexcept {
+    if (elements == 0) return {std::numeric_limits<double>::infinity(), 0};
+    const int k = std::ilogb(sum) / 2 * 2;  // even, so the exponent halves exactly
+    const double s = std::ldexp(sum, -k);
+    const double n = static_cast<double>(elements);
+    const double q = s / n;
+    return root_with_tail(q, (std::fma(-q, n, s) + std::ldexp(low, -k)) / n, exponent + k / 2);
+  }
+
   norm_row row_;
 };
 
