@@ -530,7 +530,7 @@ TYPED_TEST(Kernels, DivideMatchesPortableBitForBitAndRoundsCorrectly) {
 
 namespace {
 
-constexpr std::size_t unit_counts[] = {1, 3, 8, 15, 16, 17, 31, 32, 33, 64, 65, 100};
+constexpr std::size_t unit_counts[] = {1, 3, 8, 15, 16, 17, 31, 32, 33, 64, 65, 100, 128, 130, 160};
 constexpr std::size_t column_counts[] = {0, 1, 2, 7, 15, 16, 17, 31, 32, 33, 40, 65};
 
 /// The accumulator of the interleaved kernels for elements of type T.
