@@ -84,8 +84,9 @@ void kernels::column_dot(const T* base, std::size_t units, std::size_t columns, 
 }
 
 template <class Acc, class T>
-void kernels::add_scaled(Acc* acc, const T* x, std::size_t n, Acc factor) noexcept {
-  detail::with_isa(detail::best_isa(), [&](auto k) { decltype(k)::add_scaled(acc, x, n, factor); });
+void kernels::add_scaled(Acc* acc, const T* const* rows, const Acc* factors, std::size_t count,
+                         std::size_t n) noexcept {
+  detail::with_isa(detail::best_isa(), [&](auto k) { decltype(k)::add_scaled(acc, rows, factors, count, n); });
 }
 
 template <class T>
@@ -172,10 +173,10 @@ template void kernels::column_dot<double, false>(const double*, std::size_t, std
 template void kernels::column_dot<double, true>(const double*, std::size_t, std::size_t, std::ptrdiff_t, const double*,
                                                 const unsigned char*, double*) noexcept;
 
-template void kernels::add_scaled(float*, const half*, std::size_t, float) noexcept;
-template void kernels::add_scaled(float*, const bf16*, std::size_t, float) noexcept;
-template void kernels::add_scaled(float*, const float*, std::size_t, float) noexcept;
-template void kernels::add_scaled(double*, const double*, std::size_t, double) noexcept;
+template void kernels::add_scaled(float*, const half* const*, const float*, std::size_t, std::size_t) noexcept;
+template void kernels::add_scaled(float*, const bf16* const*, const float*, std::size_t, std::size_t) noexcept;
+template void kernels::add_scaled(float*, const float* const*, const float*, std::size_t, std::size_t) noexcept;
+template void kernels::add_scaled(double*, const double* const*, const double*, std::size_t, std::size_t) noexcept;
 
 template void kernels::divide(half*, std::size_t, double) noexcept;
 template void kernels::divide(bf16*, std::size_t, double) noexcept;

@@ -9,6 +9,7 @@
 #include <unsupported/Eigen/CXX11/Tensor>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -283,6 +284,34 @@ TEST(AdaptiveClip, EmptyGradientsHaveNoUnits) {
   EXPECT_TRUE(result.finite);
   std::vector<float> v, vw;
   EXPECT_EQ(gradclip::adaptive_clip(v, vw, 0.01).units, 0u);
+}
+
+// Column-major rows (units that interleave) over more than one piece of columns, and row-major rows:
+// 1, 2 and 3 threads clip to the same bits, every row clipping.
+template <int Order>
+void expect_same_bits_for_any_thread_count(Eigen::Index rows, Eigen::Index cols) {
+  using matrix = Eigen::Matrix<Eigen::half, Eigen::Dynamic, Eigen::Dynamic, Order>;
+  std::mt19937_64 rng(20261204);
+  const matrix grad = random_matrix<Eigen::half>(rows, cols, rng, 1.0);
+  const matrix weights = random_matrix<Eigen::half>(rows, cols, rng, 1.0);
+  std::vector<matrix> clipped;
+  for (unsigned threads : {1u, 2u, 3u}) {
+    clipped.push_back(grad);
+    gradclip::options opt;
+    opt.threads = threads;
+    const auto r = gradclip::adaptive_clip(clipped.back(), weights, 0.01, 1e-3, opt);
+    EXPECT_EQ(r.clipped, static_cast<std::size_t>(rows));
+  }
+  for (std::size_t k = 1; k < clipped.size(); ++k) {
+    SCOPED_TRACE(std::to_string(k + 1) + " threads");
+    EXPECT_EQ(std::memcmp(clipped[k].data(), clipped[0].data(), sizeof(Eigen::half) * clipped[0].size()), 0);
+  }
+  EXPECT_NE(std::memcmp(clipped[0].data(), grad.data(), sizeof(Eigen::half) * grad.size()), 0);
+}
+
+TEST(AdaptiveClip, AnyThreadCountGivesTheSameBits) {
+  expect_same_bits_for_any_thread_count<Eigen::ColMajor>(1100, 3000);
+  expect_same_bits_for_any_thread_count<Eigen::RowMajor>(1100, 3000);
 }
 
 }  // namespace

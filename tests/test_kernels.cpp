@@ -523,3 +523,234 @@ TYPED_TEST(Kernels, DivideMatchesPortableBitForBitAndRoundsCorrectly) {
         }
       }
 }
+
+// ---- The kernels of interleaved units (unit u's element c at base[c * stride + u]): unit and column
+// counts around the vector width, the tile and the fold width, a stride with padding, and masked units
+// holding NaN and Inf.
+
+namespace {
+
+constexpr std::size_t unit_counts[] = {1, 3, 8, 15, 16, 17, 31, 32, 33, 64, 65, 100, 128, 130, 160};
+constexpr std::size_t column_counts[] = {0, 1, 2, 7, 15, 16, 17, 31, 32, 33, 40, 65};
+
+/// The accumulator of the interleaved kernels for elements of type T.
+template <class T>
+using column_acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// column_dot's documented sum, written out: products rounded to Acc, unit u added to lane u % (128 bytes
+/// of Acc lanes), the lanes summed halves first, then added to out[c].
+template <class Acc, class T>
+Acc column_dot_reference(const T* column, std::size_t units, const std::vector<Acc>& factor,
+                         const std::vector<unsigned char>& keep, Acc out) {
+  constexpr std::size_t L = 128 / sizeof(Acc);
+  Acc lane[L] = {};
+  for (std::size_t u = 0; u < units; ++u) {
+    if (!keep[u]) continue;
+    volatile Acc product = static_cast<Acc>(static_cast<Acc>(column[u]) * factor[u]);  // rounded to Acc
+    lane[u % L] += product;
+  }
+  for (std::size_t width = L / 2; width > 0; width /= 2)
+    for (std::size_t j = 0; j < width; ++j) lane[j] += lane[j + width];
+  return out + lane[0];
+}
+
+}  // namespace
+
+TYPED_TEST(Kernels, ColumnDotSumsEachColumnsLanesPairwiseOnEveryTarget) {
+  using T = TypeParam;
+  using Acc = column_acc<T>;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (std::size_t units : unit_counts)
+    for (std::size_t columns : column_counts)
+      for (bool masked : {false, true}) {
+        const std::size_t stride = units + (units % 3);
+        auto data = random_values<T>(columns * stride + 1, rng);
+        const auto factor = random_values<Acc>(units, rng, 4.0);
+        std::vector<unsigned char> keep(units, 1);
+        if (masked)
+          for (std::size_t u = 0; u < units; u += 3) {
+            keep[u] = 0;
+            for (std::size_t c = 0; c < columns; ++c)  // what an excluded example may hold
+              data[c * stride + u] = c % 2 ? std::numeric_limits<T>::quiet_NaN() : -std::numeric_limits<T>::infinity();
+          }
+        const auto start = random_values<Acc>(columns, rng);
+        std::vector<Acc> expected(columns);
+        for (std::size_t c = 0; c < columns; ++c)
+          expected[c] = column_dot_reference(data.data() + c * stride, units, factor, keep, start[c]);
+        for (isa target : all_isas()) {
+          SCOPED_TRACE(name_of(target) + " units=" + std::to_string(units) + " columns=" + std::to_string(columns) +
+                       (masked ? " masked" : ""));
+          auto got = start;
+          with_isa(target, [&](auto k) {
+            const auto s = static_cast<std::ptrdiff_t>(stride);
+            if (masked)
+              decltype(k)::template column_dot<Acc, true>(data.data(), units, columns, s, factor.data(), keep.data(),
+                                                          got.data());
+            else
+              decltype(k)::template column_dot<Acc, false>(data.data(), units, columns, s, factor.data(), keep.data(),
+                                                           got.data());
+          });
+          ASSERT_TRUE(gradclip_test::same_bits(got, expected));
+        }
+        // The sum itself, against binary128: each product and each of the few additions rounds once.
+        for (std::size_t c = 0; c < columns; ++c) {
+          quad exact = to_quad(start[c]), magnitude = gradclip_test::quad_abs(to_quad(start[c]));
+          for (std::size_t u = 0; u < units; ++u)
+            if (keep[u]) {
+              const quad term = to_quad(data[c * stride + u]) * to_quad(factor[u]);
+              exact += term;
+              magnitude += gradclip_test::quad_abs(term);
+            }
+          const double eps = std::numeric_limits<Acc>::epsilon();
+          EXPECT_LE(std::abs(static_cast<double>(to_quad(expected[c]) - exact)),
+                    static_cast<double>(units + 8) * eps * static_cast<double>(magnitude));
+        }
+      }
+}
+
+TYPED_TEST(Kernels, ColumnSquaresMatchPortableAndBinary128) {
+  using T = TypeParam;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (std::size_t units : unit_counts)
+    for (std::size_t columns : column_counts) {
+      const std::size_t stride = units + (units % 3);
+      auto data = random_values<T>(columns * stride + 1, rng, 8.0);
+      if (columns > 3 && units > 2) data[3 * stride + 2] = std::numeric_limits<T>::infinity();  // unit 2 only
+      const auto exact_of = [&](std::size_t u) {
+        quad s = 0;
+        for (std::size_t c = 0; c < columns; ++c) s += to_quad(data[c * stride + u]) * to_quad(data[c * stride + u]);
+        return s;
+      };
+      const auto s = static_cast<std::ptrdiff_t>(stride);
+      if constexpr (std::is_same_v<T, double>) {
+        std::vector<double> sum(units), compensation(units), top(units);
+        portable::column_squares_compensated(data.data(), units, columns, s, sum.data(), compensation.data(),
+                                             top.data());
+        for (isa target : vector_isas()) {
+          SCOPED_TRACE(name_of(target) + " units=" + std::to_string(units) + " columns=" + std::to_string(columns));
+          std::vector<double> got_sum(units, -1), got_compensation(units, -1), got_top(units, -1);
+          with_isa(target, [&](auto k) {
+            decltype(k)::column_squares_compensated(data.data(), units, columns, s, got_sum.data(),
+                                                    got_compensation.data(), got_top.data());
+          });
+          ASSERT_TRUE(gradclip_test::same_bits(got_top, top));
+          // A unit holding Inf is rescanned by the caller: its sum only has to say so (the compensation is a
+          // NaN whose sign depends on the target's FMA).
+          for (std::size_t u = 0; u < units; ++u)
+            if (std::isfinite(top[u])) {
+              ASSERT_EQ(bits(got_sum[u]), bits(sum[u])) << u;
+              ASSERT_EQ(bits(got_compensation[u]), bits(compensation[u])) << u;
+            } else {
+              ASSERT_FALSE(std::isfinite(got_sum[u])) << u;
+            }
+        }
+        for (std::size_t u = 0; u < units; ++u) {
+          double largest = 0;
+          for (std::size_t c = 0; c < columns; ++c) largest = std::max(largest, std::abs(data[c * stride + u]));
+          EXPECT_EQ(top[u], largest);
+          const quad exact = exact_of(u);
+          if (std::isinf(largest)) {
+            EXPECT_TRUE(std::isinf(sum[u]));
+            continue;
+          }
+          // Dot2: the compensated total is within a few units of the last place of the exact sum.
+          EXPECT_LE(std::abs(static_cast<double>(to_quad(sum[u]) + to_quad(compensation[u]) - exact)),
+                    4 * std::numeric_limits<double>::epsilon() * static_cast<double>(exact));
+        }
+      } else {
+        using Acc = std::conditional_t<sizeof(T) == 2, float, double>;
+        std::vector<double> sums(units);
+        portable::template column_squares<Acc>(data.data(), units, columns, s, sums.data());
+        for (isa target : vector_isas()) {
+          SCOPED_TRACE(name_of(target) + " units=" + std::to_string(units) + " columns=" + std::to_string(columns));
+          std::vector<double> got(units, -1);
+          with_isa(target, [&](auto k) {
+            decltype(k)::template column_squares<Acc>(data.data(), units, columns, s, got.data());
+          });
+          ASSERT_TRUE(gradclip_test::same_bits(got, sums));
+        }
+        for (std::size_t u = 0; u < units; ++u) {
+          const quad exact = exact_of(u);
+          if (!(exact < quad(1e300))) {
+            EXPECT_TRUE(std::isinf(sums[u]));
+            continue;
+          }
+          // Chains of at most 64 roundings in Acc, carried into FP64.
+          EXPECT_LE(std::abs(static_cast<double>(to_quad(sums[u]) - exact)),
+                    64 * std::numeric_limits<Acc>::epsilon() * static_cast<double>(exact));
+        }
+      }
+    }
+}
+
+TYPED_TEST(Kernels, ColumnMultiplyRoundsEachElementOnce) {
+  using T = TypeParam;
+  if constexpr (!std::is_same_v<T, double>) {
+    using Compute = std::conditional_t<sizeof(T) == 2, float, double>;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    for (std::size_t units : unit_counts)
+      for (std::size_t columns : column_counts) {
+        const std::size_t stride = units + (units % 3);
+        auto data = random_values<T>(columns * stride + 1, rng, 100.0);
+        if (columns > 1 && units > 1) {
+          data[stride] = std::numeric_limits<T>::quiet_NaN();
+          data[stride + 1] = -std::numeric_limits<T>::infinity();
+        }
+        auto factor = random_values<Compute>(units, rng, 2.0);
+        factor[0] = 1;  // a unit that does not clip keeps its bits, NaN and Inf included
+        for (isa target : all_isas()) {
+          SCOPED_TRACE(name_of(target) + " units=" + std::to_string(units) + " columns=" + std::to_string(columns));
+          auto got = data;
+          with_isa(target, [&](auto k) {
+            decltype(k)::template column_multiply<Compute>(got.data(), units, columns,
+                                                           static_cast<std::ptrdiff_t>(stride), factor.data());
+          });
+          for (std::size_t i = 0; i < data.size(); ++i) {
+            const std::size_t u = i % stride;
+            const bool inside = i < columns * stride && u < units;
+            const double want = inside ? multiplied(data[i], factor[u]) : static_cast<double>(data[i]);
+            if (std::isnan(want)) {
+              ASSERT_TRUE(is_nan(got[i])) << i;
+            } else {
+              ASSERT_EQ(static_cast<double>(got[i]), want) << i;
+            }
+            const bool finite = std::isfinite(static_cast<double>(data[i]));
+            if (!inside || (u == 0 && finite)) {
+              ASSERT_EQ(bits(got[i]), bits(data[i])) << i;
+            }
+          }
+        }
+      }
+  }
+}
+
+TYPED_TEST(Kernels, AddScaledAddsEachRunInOrder) {
+  using T = TypeParam;
+  using Acc = column_acc<T>;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (std::size_t count : {0, 1, 3, 4, 5, 8, 9})
+    for (std::size_t n : {0, 1, 15, 16, 17, 31, 33, 64, 100}) {
+      std::vector<std::vector<T>> runs;
+      std::vector<const T*> rows;
+      for (std::size_t i = 0; i < count; ++i) runs.push_back(random_values<T>(n + 1, rng, 10.0));
+      for (auto& r : runs) rows.push_back(r.data() + 1);  // misaligned
+      const auto factor = random_values<Acc>(count, rng, 3.0);
+      const auto start = random_values<Acc>(n, rng);
+      auto expected = start;
+      for (std::size_t j = 0; j < n; ++j)
+        for (std::size_t i = 0; i < count; ++i) {
+          volatile Acc product = static_cast<Acc>(static_cast<Acc>(rows[i][j]) * factor[i]);
+          expected[j] += product;
+        }
+      for (isa target : all_isas()) {
+        SCOPED_TRACE(name_of(target) + " count=" + std::to_string(count) + " n=" + std::to_string(n));
+        auto got = start;
+        with_isa(target, [&](auto k) { decltype(k)::add_scaled(got.data(), rows.data(), factor.data(), count, n); });
+        ASSERT_TRUE(gradclip_test::same_bits(got, expected));
+      }
+    }
+}

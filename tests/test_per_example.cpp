@@ -12,6 +12,7 @@
 #include <Eigen/Core>
 #include <unsupported/Eigen/CXX11/Tensor>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -697,6 +698,49 @@ TEST(AdaptiveBound, CheckpointsRoundTripExactly) {
   EXPECT_TRUE(malformed.fail());
   EXPECT_EQ(untouched.value(), 1.0);
   EXPECT_EQ(untouched.steps(), 0u);
+}
+
+// Column-major batches (examples interleave) and row-major ones, large enough for several pieces of the
+// norms pass and several blocks of the sums: 1, 2 and 3 threads give the same sums and norms, bit for
+// bit, with one example left out (skip) so that the masked kernels run too.
+template <int Layout, class T>
+void expect_same_bits_for_any_thread_count(Eigen::Index examples, Eigen::Index size) {
+  std::mt19937_64 rng(20261204);
+  const auto values = random_gradient<T>(static_cast<std::size_t>(examples * size), rng, 0.01);
+  for (bool with_nan : {false, true}) {
+    Eigen::Tensor<T, 2, Layout> batch(examples, size);
+    std::copy(values.begin(), values.end(), batch.data());
+    if (with_nan) batch(examples / 2, size / 3) = std::numeric_limits<T>::quiet_NaN();
+    std::vector<std::vector<float>> sums;
+    std::vector<std::vector<double>> norms;
+    for (unsigned threads : {1u, 2u, 3u}) {
+      Eigen::Tensor<float, 1> sum(size);
+      std::vector<double> n;
+      gradclip::options opt;
+      opt.threads = threads;
+      opt.nonfinite = on_nonfinite::skip;
+      const auto r = gradclip::clip_per_example(std::tie(batch), std::tie(sum), 0.5, opt, n);
+      EXPECT_GT(r.clipped, 0u);
+      sums.emplace_back(sum.data(), sum.data() + sum.size());
+      norms.push_back(n);
+    }
+    for (std::size_t k = 1; k < sums.size(); ++k) {
+      SCOPED_TRACE(std::to_string(k + 1) + " threads" + (with_nan ? ", one example skipped" : ""));
+      EXPECT_TRUE(same_bits(sums[k], sums[0]));
+      EXPECT_TRUE(same_bits(norms[k], norms[0]));
+    }
+  }
+}
+
+TEST(PerExample, AnyThreadCountGivesTheSameBitsColumnMajor) {
+  expect_same_bits_for_any_thread_count<Eigen::ColMajor, Eigen::half>(67, 40000);
+  expect_same_bits_for_any_thread_count<Eigen::ColMajor, Eigen::bfloat16>(64, 40000);
+  expect_same_bits_for_any_thread_count<Eigen::ColMajor, float>(130, 20000);
+}
+
+TEST(PerExample, AnyThreadCountGivesTheSameBitsRowMajor) {
+  expect_same_bits_for_any_thread_count<Eigen::RowMajor, Eigen::half>(67, 40000);
+  expect_same_bits_for_any_thread_count<Eigen::RowMajor, Eigen::bfloat16>(9, 300000);
 }
 
 }  // namespace

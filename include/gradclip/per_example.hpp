@@ -318,11 +318,15 @@ void accumulate_block(const unit_split<T>& split, const std::vector<Weight>& w,
       return;
     }
     if (split.element_stride == 1 || split.unit_size == 1) {
+      std::vector<const T*> rows;
+      std::vector<Acc> factor;
       for (std::size_t i = 0; i < examples; ++i) {
         if (!included[i]) continue;
-        const T* x = split.unit(i).data + j0;
-        with_isa(best_isa(), [&](auto k) { decltype(k)::add_scaled(acc + j0, x, j1 - j0, w[i].value); });
+        rows.push_back(split.unit(i).data + j0);
+        factor.push_back(w[i].value);
       }
+      with_isa(best_isa(),
+               [&](auto k) { decltype(k)::add_scaled(acc + j0, rows.data(), factor.data(), rows.size(), j1 - j0); });
       return;
     }
   }

@@ -70,7 +70,7 @@ struct kernels {
   static void column_dot(const T* base, std::size_t units, std::size_t columns, std::ptrdiff_t stride,
                          const Acc* factor, const unsigned char* keep, Acc* out) noexcept;
   template <class Acc, class T>
-  static void add_scaled(Acc* acc, const T* x, std::size_t n, Acc factor) noexcept;
+  static void add_scaled(Acc* acc, const T* const* rows, const Acc* factors, std::size_t count, std::size_t n) noexcept;
   template <class T>
   static void divide(T* p, std::size_t n, double s) noexcept;
   template <class T, class V>

@@ -90,6 +90,36 @@ inline void prefetch_ahead([[maybe_unused]] const void* p, [[maybe_unused]] std:
 #endif
 }
 
+/// Asks for the cache lines of [p + offset, p + offset + bytes) in the vector targets' loops, the address
+/// formed as an integer as in prefetch_ahead: where a sweep reads next is not always prefetch_distance
+/// further on (interleaved units read a few lines of each column).
+template <isa Target>
+inline void prefetch_lines([[maybe_unused]] const void* p, [[maybe_unused]] std::ptrdiff_t offset,
+                           [[maybe_unused]] std::size_t bytes) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  if constexpr (Target != isa::portable) {
+    const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(offset);
+    for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(reinterpret_cast<const void*>(first + b));
+  }
+#endif
+}
+
+/// fold<G>'s shuffle for output lane `o` of a W-lane vector: the source lane (W and above: the second
+/// vector's) of the lower (High false) or upper half of the group that lane o halves.
+template <std::size_t W, std::size_t G, bool High>
+constexpr int fold_source(std::size_t o) noexcept {
+  const std::size_t half = W / 2, r = o % half, g = G / 2;
+  return static_cast<int>((o < half ? 0 : W) + (r / g) * G + r % g + (High ? g : 0));
+}
+
+/// fold_source's lanes as a table of I, for a vector permute.
+template <class I, std::size_t W, std::size_t G, bool High, class Lanes = std::make_index_sequence<W>>
+struct fold_sources;
+template <class I, std::size_t W, std::size_t G, bool High, std::size_t... O>
+struct fold_sources<I, W, G, High, std::index_sequence<O...>> {
+  alignas(64) static constexpr I lanes[W] = {static_cast<I>(fold_source<W, G, High>(O))...};
+};
+
 // The portable target: scalar operations, never contracted into FMA, so that its squares are rounded
 // before they are added as the vector targets' are.
 #if defined(__clang__)
@@ -308,6 +338,21 @@ struct avx2 {
       a = _mm256_permute2f128_ps(low, high, 0x20);
       b = _mm256_permute2f128_ps(low, high, 0x31);
     }
+    /// a and b as groups of G lanes, each one sum's lanes: the groups halved, a's then b's, lane k of a
+    /// halved group being group[k] + group[k + G / 2] (the lower first), as sum_lanes adds them.
+    template <std::size_t G>
+    static vec fold(vec a, vec b) noexcept {
+      static_assert(G == 2 || G == 4 || G == 8, "a group is 2, 4 or 8 lanes");
+      if constexpr (G == 8) {
+        return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+      } else {
+        // Within each 128-bit half: a's lower halves of groups, b's, then the upper halves; the sums come
+        // out as a0 b0 | a1 b1 (64 bits each) and the quadword shuffle puts a's first.
+        constexpr int low = G == 4 ? 0x44 : 0x88, high = G == 4 ? 0xee : 0xdd;
+        const vec s = _mm256_add_ps(_mm256_shuffle_ps(a, b, low), _mm256_shuffle_ps(a, b, high));
+        return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), 0xd8));
+      }
+    }
     static __m256d widen_low(vec v) noexcept { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
     static __m256d widen_high(vec v) noexcept { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
     static vec mul(vec a, vec b) noexcept { return _mm256_mul_ps(a, b); }
@@ -333,6 +378,16 @@ struct avx2 {
     static void store(float* p, vec v) noexcept { _mm_storeu_ps(p, _mm256_cvtpd_ps(v)); }
     static vec add_square(vec acc, vec v) noexcept { return _mm256_add_pd(acc, _mm256_mul_pd(v, v)); }
     static vec add(vec a, vec b) noexcept { return _mm256_add_pd(a, b); }
+    template <std::size_t G>  // see f32::fold
+    static vec fold(vec a, vec b) noexcept {
+      static_assert(G == 2 || G == 4, "a group is 2 or 4 lanes");
+      if constexpr (G == 4) {
+        return _mm256_add_pd(_mm256_permute2f128_pd(a, b, 0x20), _mm256_permute2f128_pd(a, b, 0x31));
+      } else {
+        const vec s = _mm256_add_pd(_mm256_unpacklo_pd(a, b), _mm256_unpackhi_pd(a, b));
+        return _mm256_permute4x64_pd(s, 0xd8);
+      }
+    }
     static vec mul(vec a, vec b) noexcept { return _mm256_mul_pd(a, b); }
     static vec abs(vec v) noexcept { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), v); }
     static vec max(vec a, vec b) noexcept { return _mm256_max_pd(a, b); }
@@ -511,6 +566,13 @@ struct avx512 {
     }
     static vec mul(vec a, vec b) noexcept { return _mm512_mul_ps(a, b); }
     static vec add(vec a, vec b) noexcept { return _mm512_add_ps(a, b); }
+    template <std::size_t G>  // see avx2::f32::fold
+    static vec fold(vec a, vec b) noexcept {
+      static_assert(G == 2 || G == 4 || G == 8 || G == 16, "a group is 2, 4, 8 or 16 lanes");
+      const __m512i low = _mm512_loadu_si512(fold_sources<std::int32_t, width, G, false>::lanes);
+      const __m512i high = _mm512_loadu_si512(fold_sources<std::int32_t, width, G, true>::lanes);
+      return _mm512_add_ps(_mm512_permutex2var_ps(a, low, b), _mm512_permutex2var_ps(a, high, b));
+    }
   };
 
   struct f64 {
@@ -534,6 +596,13 @@ struct avx512 {
     static void store(float* p, vec v) noexcept { _mm256_storeu_ps(p, _mm512_maskz_cvtpd_ps(0xff, v)); }
     static vec add_square(vec acc, vec v) noexcept { return _mm512_add_pd(acc, _mm512_mul_pd(v, v)); }
     static vec add(vec a, vec b) noexcept { return _mm512_add_pd(a, b); }
+    template <std::size_t G>  // see avx2::f32::fold
+    static vec fold(vec a, vec b) noexcept {
+      static_assert(G == 2 || G == 4 || G == 8, "a group is 2, 4 or 8 lanes");
+      const __m512i low = _mm512_loadu_si512(fold_sources<std::int64_t, width, G, false>::lanes);
+      const __m512i high = _mm512_loadu_si512(fold_sources<std::int64_t, width, G, true>::lanes);
+      return _mm512_add_pd(_mm512_permutex2var_pd(a, low, b), _mm512_permutex2var_pd(a, high, b));
+    }
     static vec mul(vec a, vec b) noexcept { return _mm512_mul_pd(a, b); }
     static vec abs(vec v) noexcept { return _mm512_abs_pd(v); }
     static vec max(vec a, vec b) noexcept { return _mm512_maskz_max_pd(0xff, a, b); }
