@@ -62,6 +62,22 @@ template <class T>
 census count_elements(const T* p, std::size_t n) noexcept {
   return with_isa(best_isa(), [&](auto k) { return decltype(k)::census_of(p, n); });
 }
+#endif
+
+/// The observer of options::report: adds the census of what it is shown to *counts. The L2 sum of
+/// squares (sum_squares) counts inside its own loop instead, while the elements are in registers.
+struct census_observer {
+  census* counts;
+  template <class T>
+  void operator()(const T* p, std::size_t n) const noexcept {
+    if (n <= short_run)
+      add_short_census(*counts, p, n);
+    else
+      counts->merge(count_elements(p, n));
+  }
+};
+
+#if !defined(GRADCLIP_COMPILED)
 
 /// A block whose sum of squares was not accurate unscaled (or not finite): rescanned from L1, divided by
 /// a power of two near its maximum.
@@ -79,19 +95,16 @@ inline partial_norm rescaled_block(const T* block, std::size_t m) noexcept {
   return {e, K::template block_squares<Acc, true>(buffer, m, second), true};
 }
 
-/// The sum of squares in Acc, blocks totalled in FP64. With MaxScales, in one read pass: each block is
-/// summed unscaled and kept when that sum is accurate (accurate_unscaled: the vector kernel's
-/// common case, with no maximum to track), else rescanned by rescaled_block, and the parts merge;
-/// without, squares overflow as Acc does. observe(chunk, m) follows each observed_chunk elements; the
-/// bits are those of one pass, whatever the chunks.
-template <class K, class Acc, bool MaxScales, class T, class Observe>
-inline partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) noexcept {
+/// sum_squares below, the kernels counting into `counts` (census_lanes; nothing for a std::nullptr_t*),
+/// with observe(chunk, m) after each chunk.
+template <class K, class Acc, bool MaxScales, class T, class Counts, class Observe>
+inline partial_norm chunked_sum_squares(const T* p, std::size_t n, Counts* counts, Observe&& observe) noexcept {
   static_assert(observed_chunk % block_for<T> == 0, "chunks hold whole blocks");
   compensated_sum segment;
   if constexpr (!MaxScales || fits_without_scaling<T, Acc>) {
     for (std::size_t chunk = 0; chunk < n; chunk += observed_chunk) {
       const std::size_t m = std::min(observed_chunk, n - chunk);
-      K::template add_block_sums<Acc, false>(p + chunk, m, 0.0, segment);
+      K::template add_block_sums<Acc, false>(p + chunk, m, 0.0, segment, counts);
       observe(p + chunk, m);
     }
     return unscaled_part(segment.value());
@@ -102,7 +115,7 @@ inline partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) no
     for (std::size_t chunk = 0; chunk < n; chunk += observed_chunk) {
       const std::size_t end = std::min(n, chunk + observed_chunk);
       for (std::size_t start = chunk; start < end;) {
-        start += K::template add_block_sums<Acc, true>(p + start, end - start, min_sum, segment);
+        start += K::template add_block_sums<Acc, true>(p + start, end - start, min_sum, segment, counts);
         if (start == end) break;
         unscaled += segment.value();  // the unscaled blocks so far, then the block to rescale
         segment = {};
@@ -115,6 +128,23 @@ inline partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) no
     unscaled += segment.value();
     rescaled.merge(unscaled_part(unscaled));
     return rescaled;
+  }
+}
+
+/// The sum of squares in Acc, blocks totalled in FP64. With MaxScales, in one read pass: each block is
+/// summed unscaled and kept when that sum is accurate (accurate_unscaled: the vector kernel's
+/// common case, with no maximum to track), else rescanned by rescaled_block, and the parts merge;
+/// without, squares overflow as Acc does. observe(chunk, m) follows each observed_chunk elements; the
+/// bits are those of one pass, whatever the chunks. A census_observer is not called: the kernel counts
+/// each element as it sums it (census_lanes, kernels.inc), flushed into its census after each chunk.
+template <class K, class Acc, bool MaxScales, class T, class Observe>
+inline partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) noexcept {
+  if constexpr (std::is_same_v<std::decay_t<Observe>, census_observer>) {
+    typename K::template census_lanes<std::remove_const_t<T>> lanes;
+    return chunked_sum_squares<K, Acc, MaxScales>(
+        p, n, &lanes, [&](const T* chunk, std::size_t m) { lanes.flush(chunk, m, *observe.counts); });
+  } else {
+    return chunked_sum_squares<K, Acc, MaxScales>(p, n, static_cast<std::nullptr_t*>(nullptr), observe);
   }
 }
 
