@@ -262,15 +262,6 @@ std::vector<std::size_t> boundary_places(std::size_t n) {
   return places;
 }
 
-void expect_same_census(const gradclip::detail::census& got, const expected_counts& c, std::size_t n) {
-  EXPECT_EQ(got.size, n);
-  EXPECT_EQ(got.nan, c.nan);
-  EXPECT_EQ(got.inf, c.inf);
-  EXPECT_EQ(got.zeros, c.zeros);
-  EXPECT_EQ(got.subnormals, c.subnormals);
-  EXPECT_EQ(got.max_abs, c.max_abs_not_nan);
-}
-
 /// Whole clips with a report, specials at every boundary: the counts are count_widened's, and the norm,
 /// the coefficient and every written bit those of the call without a report, on one and two threads.
 TYPED_TEST(Report, SpecialsAtChunkBlockAndVectorBoundariesOnOneAndTwoThreads) {
@@ -314,6 +305,15 @@ TYPED_TEST(Report, SpecialsAtChunkBlockAndVectorBoundariesOnOneAndTwoThreads) {
 }
 
 #if !defined(GRADCLIP_COMPILED)  // each instruction set's kernels by name: the headers' own, not the library
+void expect_same_census(const gradclip::detail::census& got, const expected_counts& c, std::size_t n) {
+  EXPECT_EQ(got.size, n);
+  EXPECT_EQ(got.nan, c.nan);
+  EXPECT_EQ(got.inf, c.inf);
+  EXPECT_EQ(got.zeros, c.zeros);
+  EXPECT_EQ(got.subnormals, c.subnormals);
+  EXPECT_EQ(got.max_abs, c.max_abs_not_nan);
+}
+
 /// The sum of squares that counts as it reads (census_observer) on every instruction set this CPU has
 /// (run under qemu -cpu Haswell and Nehalem for avx2 and portable): the census is count_widened's and
 /// the same on every target, and the partial norm is, bit for bit, that of the same kernel not counting,
