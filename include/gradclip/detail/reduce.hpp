@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -230,6 +231,48 @@ inline partial_norm short_sum_squares(const T* p, std::size_t n) noexcept {
   return unscaled_part(even + odd);
 }
 
+/// short_sum_squares, adding the run's census to `counts` from the same read: the loop keeps only the
+/// largest and least magnitude, and add_short_census counts the run again only where those say it holds
+/// zeros, subnormals, Inf or NaN. The same bits as short_sum_squares: squares of FP32 and narrower
+/// elements are exact in FP64, so no contraction into FMA can change them.
+template <class T>
+inline partial_norm counted_short_sum_squares(const T* p, std::size_t n, census& counts) noexcept {
+  using element = std::remove_const_t<T>;
+  using bits = float_bits<element>;
+  using I = typename bits::type;
+  static_assert(sizeof(element) <= 4, "squares exact in FP64");
+  const auto magnitude = [&](std::size_t i) {
+    I x;
+    std::memcpy(&x, p + i, sizeof x);
+    return static_cast<I>(x & bits::mask);
+  };
+  double even = 0, odd = 0;
+  I top = 0, low = bits::mask;
+  std::size_t i = 0;
+  for (; i + 2 <= n; i += 2) {
+    const double x = widen<double>(p[i]), y = widen<double>(p[i + 1]);
+    even += x * x;
+    odd += y * y;
+    const I a = magnitude(i), b = magnitude(i + 1);
+    top = std::max(top, std::max(a, b));
+    low = std::min(low, std::min(a, b));
+  }
+  if (i < n) {
+    even += widen<double>(p[i]) * widen<double>(p[i]);
+    top = std::max(top, magnitude(i));
+    low = std::min(low, magnitude(i));
+  }
+  if (low < bits::min_normal || top >= bits::inf) {
+    add_short_census(counts, p, n);
+  } else {
+    element largest;
+    std::memcpy(static_cast<void*>(&largest), &top, sizeof top);  // bits of a trivially copyable T
+    counts.size += n;
+    counts.max_abs = std::max(counts.max_abs, static_cast<double>(widen<double>(largest)));
+  }
+  return unscaled_part(even + odd);
+}
+
 /// Sequentially, in the element type itself: exactly what g.square().sum() does in FP16.
 template <class T>
 inline partial_norm sequential_sum_squares(const T* p, std::size_t n) noexcept {
@@ -253,7 +296,12 @@ inline partial_norm reduce_run(const T* p, std::size_t n, double order, Observe&
   };
   if (order != 2.0) return observed(power_sum_kernel(p, n, order));
   if constexpr (!traits::sequential && traits::max_scales && !std::is_same_v<element, double>)
-    if (n <= short_run) return observed(short_sum_squares(p, n));
+    if (n <= short_run) {
+      if constexpr (std::is_same_v<std::decay_t<Observe>, census_observer>)
+        return counted_short_sum_squares(p, n, *observe.counts);
+      else
+        return observed(short_sum_squares(p, n));
+    }
   if constexpr (traits::sequential) {
     return observed(sequential_sum_squares(p, n));
   } else {
