@@ -27,6 +27,16 @@ part sum_squares(const T* p, std::size_t n, observer observe, void* context) noe
       detail::best_isa(), [&](auto k) { return detail::sum_squares<decltype(k), Acc, MaxScales>(p, n, chunk); }));
 }
 
+template <class Acc, bool MaxScales, class T>
+part counted_sum_squares(const T* p, std::size_t n, counts& out) noexcept {
+  detail::census c;
+  const part q = to_part(detail::with_isa(detail::best_isa(), [&](auto k) {
+    return detail::sum_squares<decltype(k), Acc, MaxScales>(p, n, detail::census_observer{&c});
+  }));
+  out = {c.size, c.nan, c.inf, c.zeros, c.subnormals, c.max_abs};
+  return q;
+}
+
 part compensated_sum_squares(const double* p, std::size_t n) noexcept {
   return to_part(
       detail::with_isa(detail::best_isa(), [&](auto k) { return detail::compensated_sum_squares<decltype(k)>(p, n); }));
@@ -129,6 +139,20 @@ template part sum_squares<double, false, float>(const float*, std::size_t, obser
 template part sum_squares<double, true, float>(const float*, std::size_t, observer_t, void*) noexcept;
 template part sum_squares<double, false, double>(const double*, std::size_t, observer_t, void*) noexcept;
 template part sum_squares<double, true, double>(const double*, std::size_t, observer_t, void*) noexcept;
+template part counted_sum_squares<float, false, half>(const half*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<float, true, half>(const half*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<double, false, half>(const half*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<double, true, half>(const half*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<float, false, bf16>(const bf16*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<float, true, bf16>(const bf16*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<double, false, bf16>(const bf16*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<double, true, bf16>(const bf16*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<float, false, float>(const float*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<float, true, float>(const float*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<double, false, float>(const float*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<double, true, float>(const float*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<double, false, double>(const double*, std::size_t, counts&) noexcept;
+template part counted_sum_squares<double, true, double>(const double*, std::size_t, counts&) noexcept;
 
 template part power_sum(const half*, std::size_t, double) noexcept;
 template part power_sum(const bf16*, std::size_t, double) noexcept;

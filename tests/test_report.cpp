@@ -20,6 +20,8 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -38,6 +40,7 @@ std::vector<T> as_std(const vector_of<T>& v) {
 struct expected_counts {
   std::size_t nan = 0, inf = 0, zeros = 0, subnormals = 0;
   double max_abs = 0;
+  double max_abs_not_nan = 0;  // what a census (detail/census.hpp) keeps
 };
 
 template <class T>
@@ -55,6 +58,7 @@ expected_counts count_widened(const vector_of<T>& v) {
     if (x != 0 && std::abs(x) < min_normal) ++c.subnormals;
     c.max_abs = std::max(c.max_abs, std::abs(x));
   }
+  c.max_abs_not_nan = c.max_abs;
   if (c.nan) c.max_abs = std::numeric_limits<double>::quiet_NaN();
   return c;
 }
@@ -221,6 +225,143 @@ TYPED_TEST(Report, SmallGradientsCountedAndNormedAsAlone) {
     }
   }
 }
+
+/// A gradient of n random values with the specials (zeros of both signs, subnormals, the smallest normal,
+/// the largest finite value, Inf, NaN as asked) at each of `places` below n: where the census's vectors,
+/// blocks and chunks begin and end, and in the tails.
+template <class T>
+vector_of<T> with_specials(std::size_t n, const std::vector<std::size_t>& places, bool nonfinite,
+                           std::mt19937_64& rng) {
+  using limits = std::numeric_limits<T>;
+  std::vector<T> specials{T(0),
+                          -T(0),
+                          limits::denorm_min(),
+                          -limits::denorm_min(),
+                          -limits::min(),
+                          static_cast<T>(static_cast<double>(limits::min()) / 2),
+                          limits::max()};
+  if (nonfinite) specials.insert(specials.end(), {-limits::infinity(), limits::quiet_NaN()});
+  const std::vector<T> values = gradclip_test::random_gradient<T>(n, rng);
+  vector_of<T> v = Eigen::Map<const vector_of<T>>(values.data(), static_cast<Eigen::Index>(n));
+  std::size_t k = 0;
+  for (const std::size_t at : places)
+    if (at < n) v[static_cast<Eigen::Index>(at)] = specials[k++ % specials.size()];
+  return v;
+}
+
+/// Places around the boundaries the census works in: vectors (1 to 32 lanes), the kernels' blocks,
+/// the observed chunks, and the last elements of a run of n.
+template <class T>
+std::vector<std::size_t> boundary_places(std::size_t n) {
+  std::vector<std::size_t> places;
+  for (std::size_t edge :
+       {std::size_t{8}, std::size_t{16}, std::size_t{32}, std::size_t{64}, gradclip::detail::block_for<T>,
+        gradclip::detail::observed_chunk, 2 * gradclip::detail::observed_chunk})
+    for (std::size_t at : {edge - 1, edge, edge + 1}) places.push_back(at);
+  for (std::size_t back : {1, 2, 3, 17}) places.push_back(n - back);
+  return places;
+}
+
+/// Whole clips with a report, specials at every boundary: the counts are count_widened's, and the norm,
+/// the coefficient and every written bit those of the call without a report, on one and two threads.
+TYPED_TEST(Report, SpecialsAtChunkBlockAndVectorBoundariesOnOneAndTwoThreads) {
+  using T = TypeParam;
+  std::mt19937_64 rng(gradclip_test::seed);
+  for (bool nonfinite : {false, true}) {
+    std::vector<vector_of<T>> grads;
+    for (std::size_t n : {std::size_t{33}, std::size_t{100}, gradclip::detail::block_for<T> + 5,
+                          3 * gradclip::detail::observed_chunk + 21, std::size_t{1} << 20})
+      grads.push_back(with_specials<T>(n, boundary_places<T>(n), nonfinite, rng));
+    for (unsigned threads : {1u, 2u}) {
+      SCOPED_TRACE(std::to_string(threads) + " threads, " + (nonfinite ? "with" : "without") + " NaN and Inf");
+      auto plain = grads, reported = grads;
+      gradclip::options opt;
+      opt.threads = threads;
+      opt.nonfinite = gradclip::on_nonfinite::propagate;
+      const auto expected = gradclip::clip_by_global_norm(plain, 1.0, opt);
+      gradclip::tensor_report report;
+      opt.report = &report;
+      const auto got = gradclip::clip_by_global_norm(reported, 1.0, opt);
+      EXPECT_EQ(std::memcmp(&got.norm, &expected.norm, sizeof(double)), 0);
+      EXPECT_EQ(std::memcmp(&got.coefficient, &expected.coefficient, sizeof(double)), 0);
+      ASSERT_EQ(report.size(), grads.size());
+      for (std::size_t k = 0; k < grads.size(); ++k) {
+        SCOPED_TRACE("gradient " + std::to_string(k));
+        EXPECT_TRUE(gradclip_test::same_bits(as_std(plain[k]), as_std(reported[k])));
+        const expected_counts c = count_widened(grads[k]);
+        const gradclip::tensor_stats& t = report[k];
+        EXPECT_EQ(t.size, static_cast<std::size_t>(grads[k].size()));
+        EXPECT_EQ(t.nan, c.nan);
+        EXPECT_EQ(t.inf, c.inf);
+        EXPECT_EQ(t.zeros, c.zeros);
+        EXPECT_EQ(t.subnormals, c.subnormals);
+        if (c.nan)
+          EXPECT_TRUE(std::isnan(t.max_abs));
+        else
+          EXPECT_EQ(t.max_abs, c.max_abs);
+      }
+    }
+  }
+}
+
+#if !defined(GRADCLIP_COMPILED)  // each instruction set's kernels by name: the headers' own, not the library
+void expect_same_census(const gradclip::detail::census& got, const expected_counts& c, std::size_t n) {
+  EXPECT_EQ(got.size, n);
+  EXPECT_EQ(got.nan, c.nan);
+  EXPECT_EQ(got.inf, c.inf);
+  EXPECT_EQ(got.zeros, c.zeros);
+  EXPECT_EQ(got.subnormals, c.subnormals);
+  EXPECT_EQ(got.max_abs, c.max_abs_not_nan);
+}
+
+/// The sum of squares that counts as it reads (census_observer) on every instruction set this CPU has
+/// (run under qemu -cpu Haswell and Nehalem for avx2 and portable): the census is count_widened's and
+/// the same on every target, and the partial norm is, bit for bit, that of the same kernel not counting,
+/// for each accumulator and with and without max scaling, on runs that end anywhere in a vector or block.
+TYPED_TEST(Report, CountingKernelsAgreeOnEveryTargetAndChangeNoSum) {
+  using T = TypeParam;
+  using gradclip::detail::isa;
+  using robust_acc = gradclip::detail::robust_t<T>;
+  using promoted_acc = gradclip::detail::promoted_t<T>;
+  std::mt19937_64 rng(gradclip_test::seed);
+  std::vector<isa> targets{isa::portable};
+  for (isa target : {isa::avx2, isa::avx512})
+    if (gradclip::detail::isa_supported(target)) targets.push_back(target);
+  const auto same_part = [](const gradclip::partial_norm& a, const gradclip::partial_norm& b) {
+    return a.exponent == b.exponent && a.finite == b.finite && std::memcmp(&a.sum, &b.sum, sizeof(double)) == 0 &&
+           std::memcmp(&a.low, &b.low, sizeof(double)) == 0;
+  };
+  const std::size_t block = gradclip::detail::block_for<T>, chunk = gradclip::detail::observed_chunk;
+  for (bool nonfinite : {false, true})
+    for (std::size_t n : {std::size_t{1}, std::size_t{31}, std::size_t{33}, std::size_t{257}, block - 1, block,
+                          block + 1, chunk - 3, chunk, chunk + 1, 2 * chunk + 40}) {
+      const vector_of<T> v = with_specials<T>(n, boundary_places<T>(n), nonfinite, rng);
+      const expected_counts c = count_widened(v);
+      const auto check = [&](auto acc, auto max_scales) {
+        using Acc = decltype(acc);
+        constexpr bool MaxScales = decltype(max_scales)::value;
+        SCOPED_TRACE(std::to_string(n) + " elements, " + (nonfinite ? "with" : "without") + " NaN and Inf, Acc of " +
+                     std::to_string(sizeof(Acc)) + " bytes, max scaling " + (MaxScales ? "on" : "off"));
+        for (isa target : targets) {
+          SCOPED_TRACE("target " + std::to_string(static_cast<int>(target)));
+          gradclip::detail::census counted;
+          const auto [plain, got] = gradclip::detail::with_isa(target, [&](auto k) {
+            using K = decltype(k);
+            return std::pair{
+                gradclip::detail::sum_squares<K, Acc, MaxScales>(v.data(), n, gradclip::detail::no_observer{}),
+                gradclip::detail::sum_squares<K, Acc, MaxScales>(v.data(), n,
+                                                                 gradclip::detail::census_observer{&counted})};
+          });
+          EXPECT_TRUE(same_part(plain, got));
+          expect_same_census(counted, c, n);
+        }
+      };
+      check(robust_acc{}, std::true_type{});
+      check(promoted_acc{}, std::true_type{});
+      check(promoted_acc{}, std::false_type{});
+    }
+}
+#endif
 
 TEST(Report, ReusedWithoutStaleEntries) {
   std::vector<vector_of<float>> three(3, vector_of<float>::Ones(10)), one(1, vector_of<float>::Zero(4));

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -364,32 +365,49 @@ struct reports_tensors : std::false_type {};
 template <class Layout>
 struct reports_tensors<Layout, std::void_t<decltype(std::declval<const Layout&>().tensor_count())>> : std::true_type {};
 
-/// Counts a piece into `counts`, in the same pass as its norm where the kernels allow (reduce_run).
-template <class T>
-struct piece_census {
-  census* counts;
-  void operator()(const T* p, std::size_t n) const noexcept {
-    if (n <= short_run)
-      add_short_census(*counts, p, n);
-    else
-      counts->merge(count_elements(p, n));
+/// Writes a call's staged report in piece order, which is gradient order: each gradient's parts and census
+/// are gathered while its pieces come, and its entry is written once, when the pieces move on to a later
+/// gradient or at finish(); a gradient without pieces gets an empty entry. No pass over the entries
+/// beforehand or afterwards, so a report of many small gradients costs little more than their census.
+class report_writer {
+ public:
+  report_writer(tensor_report& report, std::size_t tensors, double order)
+      : stats_(report_staging::stats(report)), parts_(report_staging::parts(report)), order_(order) {
+    report_staging::stage(report, tensors);
   }
+  /// The census of gradient k, after writing the entries before it (k never decreases).
+  census& gradient(std::size_t k) noexcept {
+    while (next_ < k) write();
+    return counts_;
+  }
+  /// Merges parts of the current gradient (gradient(k)'s).
+  void add_parts(const partial_norm* piece_parts, std::size_t count) noexcept {
+    for (std::size_t u = 0; u < count; ++u) part_.merge(piece_parts[u]);
+  }
+  void finish() noexcept {
+    while (next_ < stats_.size()) write();
+  }
+
+ private:
+  void write() noexcept {
+    tensor_stats& t = stats_[next_];
+    t.norm = part_.norm();
+    t.max_abs = counts_.nan ? std::numeric_limits<double>::quiet_NaN() : counts_.max_abs;
+    t.size = counts_.size, t.nan = counts_.nan, t.inf = counts_.inf;
+    t.zeros = counts_.zeros, t.subnormals = counts_.subnormals;
+    parts_[next_] = part_;
+    ++next_;
+    part_ = {0, 0.0, true, order_};
+    counts_ = {};
+  }
+
+  std::vector<tensor_stats>& stats_;
+  std::vector<partial_norm>& parts_;
+  double order_;
+  std::size_t next_ = 0;
+  partial_norm part_{0, 0.0, true, order_};
+  census counts_;
 };
-
-/// Fills the staged report's entries from the gradients' parts and censuses.
-inline void finish_report(tensor_report& report) noexcept {
-  auto& stats = report_staging::stats(report);
-  const auto& parts = report_staging::parts(report);
-  for (std::size_t k = 0; k < stats.size(); ++k) {
-    stats[k].norm = parts[k].norm();
-    if (stats[k].nan) stats[k].max_abs = std::numeric_limits<double>::quiet_NaN();
-  }
-}
-
-inline void add_census(tensor_stats& t, const census& c) noexcept {
-  t.size += c.size, t.nan += c.nan, t.inf += c.inf, t.zeros += c.zeros, t.subnormals += c.subnormals;
-  t.max_abs = std::max(t.max_abs, c.max_abs);
-}
 
 /// The parts of every unit of the layout, of kind options::norm, each merged in piece order; with
 /// `tensors`, also each gradient's own part (tensors[k] for the pieces of gradient k, merged in the same
@@ -401,17 +419,12 @@ unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, con
   const double order = opt.norm.p();
   unit_parts<is_single_unit<Layout>::value> parts(layout.units(), order);
   if (tensors) tensors->clear();
-  tensor_report* report = nullptr;
-  if constexpr (reports_tensors<Layout>::value) {
-    if (opt.report) {
-      report = opt.report;
-      report_staging::stage(*report, layout.tensor_count(), order);
-    }
-  }
+  std::optional<report_writer> report;
+  if constexpr (reports_tensors<Layout>::value)
+    if (opt.report) report.emplace(*opt.report, layout.tensor_count(), order);
   // Reduces piece p, counting its elements into `counts` when reporting.
   const auto reduce_one = [&](const auto& p, census* counts, auto&& sink) {
-    using T = typename std::decay_t<decltype(p.view)>::element_type;
-    const piece_census<T> observer{counts};
+    const census_observer observer{counts};  // counted in the same pass as the norm where it can (reduce_run)
     if (!p.interleaved) {
       const partial_norm part =
           counts ? reduce_view<Policy>(p.view, order, observer) : reduce_view<Policy>(p.view, order);
@@ -422,19 +435,17 @@ unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, con
     if (counts) p.view.for_each_run([&](const auto* q, std::size_t n) { observer(q, n); });
     sink(columns.data(), columns.size());
   };
-  const auto merge = [&](const auto& p, const partial_norm* piece_parts, std::size_t count, const census& counts) {
+  // Merges piece p's parts (its census is already in the report's current gradient).
+  const auto merge = [&](const auto& p, const partial_norm* piece_parts, std::size_t count) {
     merge_piece(parts, tensors, p.unit, p.tensor, piece_parts, count, order);
-    if (!report) return;
-    for (std::size_t u = 0; u < count; ++u) report_staging::parts(*report)[p.tensor].merge(piece_parts[u]);
-    add_census(report_staging::stats(*report)[p.tensor], counts);
+    if (report) report->add_parts(piece_parts, count);
   };
   unsigned threads = 1;
   const auto pieces = pieces_for_threads<true>(layout, opt.threads, threads);
   if (threads <= 1) {
     layout.for_each_piece([&](const auto& p) {
-      census counts;
-      reduce_one(p, report ? &counts : nullptr,
-                 [&](const partial_norm* piece_parts, std::size_t count) { merge(p, piece_parts, count, counts); });
+      reduce_one(p, report ? &report->gradient(p.tensor) : nullptr,
+                 [&](const partial_norm* piece_parts, std::size_t count) { merge(p, piece_parts, count); });
     });
   } else {
     std::vector<std::vector<partial_norm>> results(pieces.size());
@@ -447,10 +458,12 @@ unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, con
       });
     });
     for (std::size_t i = 0; i < pieces.size(); ++i)
-      pieces[i].visit(
-          [&](const auto& p) { merge(p, results[i].data(), results[i].size(), report ? counts[i] : census{}); });
+      pieces[i].visit([&](const auto& p) {
+        if (report) report->gradient(p.tensor).merge(counts[i]);
+        merge(p, results[i].data(), results[i].size());
+      });
   }
-  if (report) finish_report(*report);
+  if (report) report->finish();
   return parts;
 }
 

@@ -72,10 +72,12 @@ namespace detail {
 /// a call that throws leaves the report as it was. Both vectors keep their capacity: steady-state steps
 /// allocate nothing.
 struct report_staging {
-  static void stage(tensor_report& r, std::size_t tensors, double order) {
+  /// Sizes the pending entries for `tensors` gradients, left as they are: the caller writes every one
+  /// (pipeline.hpp's report_writer), so they are not cleared first.
+  static void stage(tensor_report& r, std::size_t tensors) {
     r.staged_ = false;
-    r.pending_.assign(tensors, tensor_stats{});
-    r.parts_.assign(tensors, partial_norm{0, 0.0, true, order});
+    r.pending_.resize(tensors);
+    r.parts_.resize(tensors);
     r.staged_ = true;
   }
   static std::vector<tensor_stats>& stats(tensor_report& r) noexcept { return r.pending_; }

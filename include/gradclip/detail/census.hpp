@@ -1,7 +1,8 @@
 // The element census behind options::report: zeros, subnormals, NaN, Inf and max |x| of a run, counted on
-// the elements' bits. Integer arithmetic only, so every CPU counts the same. The counting loop is in
-// kernels.inc (census_of), compiled and vectorized for each target; reduce.hpp's count_elements calls it.
-// Short runs are counted inline (add_short_census), where the vector loop costs more than it saves.
+// the elements' bits. Integer arithmetic only, so every CPU counts the same. The L2 sum of squares counts
+// inside its own loop (census_lanes in kernels.inc, chosen by reduce.hpp's sum_squares for a
+// census_observer); other reductions are followed by census_of (kernels.inc, via count_elements). Short
+// runs are counted inline (add_short_census), where the vector loop costs more than it saves.
 #pragma once
 
 #include <gradclip/detail/config.hpp>
@@ -28,6 +29,9 @@ struct census {
     max_abs = std::max(max_abs, other.max_abs);
   }
 };
+
+/// The observer of options::report (reduce.hpp), which the L2 kernels recognise and count in their loop.
+struct census_observer;
 
 /// The layout of T's bits: signed integers of T's width, the magnitude mask, the bits of +inf and of the
 /// smallest normal. A magnitude (bits & mask) orders as the value does, so max |x| is an integer max.
@@ -73,28 +77,42 @@ void count_nonfinite(const T* q, std::size_t m, census& c, I& top) noexcept {
 
 /// Adds the census of a short run (the reductions' short_run elements or fewer) to c, inline: the same
 /// counts as census_of, without the dispatch and the vector loop's setup, which cost more than counting a
-/// few elements of many small tensors. It adds in place, as a returned census read back whole would stall
-/// on its fields' separate stores.
+/// few elements of many small tensors. The loop keeps only the largest and the least magnitude; the zeros
+/// and subnormals, and NaN and Inf, are counted in a second look at the run (in L1) only when those
+/// say there are some.
 template <class T>
 void add_short_census(census& c, const T* p, std::size_t n) noexcept {
   using element = std::remove_const_t<T>;
   using bits = float_bits<element>;
   using I = typename bits::type;
-  std::size_t zeros = 0, subnormals = 0, inf = 0, nan = 0;
-  I top = 0;
-  for (std::size_t i = 0; i < n; ++i) {
+  const auto magnitude = [&](std::size_t i) {
     I x;
     std::memcpy(&x, p + i, sizeof x);
-    const I a = static_cast<I>(x & bits::mask);
-    zeros += a == 0;
-    subnormals += a != 0 && a < bits::min_normal;
-    inf += a == bits::inf;
-    nan += a > bits::inf;
-    if (a <= bits::inf) top = std::max(top, a);
+    return static_cast<I>(x & bits::mask);
+  };
+  I top = 0, low = bits::mask;
+  for (std::size_t i = 0; i < n; ++i) {
+    const I a = magnitude(i);
+    top = std::max(top, a);
+    low = std::min(low, a);
+  }
+  c.size += n;
+  if (low < bits::min_normal) {
+    std::size_t zeros = 0, below = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const I a = magnitude(i);
+      zeros += a == 0;
+      below += a < bits::min_normal;
+    }
+    c.zeros += zeros;
+    c.subnormals += below - zeros;
+  }
+  if (top >= bits::inf) {
+    top = 0;
+    count_nonfinite<I, bits>(p, n, c, top);
   }
   element largest;
   std::memcpy(static_cast<void*>(&largest), &top, sizeof top);  // bits of a trivially copyable T
-  c.size += n, c.nan += nan, c.inf += inf, c.zeros += zeros, c.subnormals += subnormals;
   c.max_abs = std::max(c.max_abs, static_cast<double>(widen<double>(largest)));
 }
 

@@ -40,6 +40,9 @@ using observer = void (*)(void* context, const void* chunk, std::size_t n);
 /// The L2 sum of squares of a run, in Acc, blocks rescaled when MaxScales (detail::sum_squares).
 template <class Acc, bool MaxScales, class T>
 part sum_squares(const T* p, std::size_t n, observer observe, void* context) noexcept;
+/// sum_squares counting every element into `out` as it reads it (options::report's census).
+template <class Acc, bool MaxScales, class T>
+part counted_sum_squares(const T* p, std::size_t n, counts& out) noexcept;
 /// The FP64 sum of squares by Dot2 (detail::compensated_sum_squares).
 part compensated_sum_squares(const double* p, std::size_t n) noexcept;
 /// sum |x|^p, or max |x| for p = inf (detail::power_sum_kernel).
@@ -108,6 +111,12 @@ census count_elements(const T* p, std::size_t n) noexcept {
 
 template <class K, class Acc, bool MaxScales, class T, class Observe>
 partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) noexcept {
+  if constexpr (std::is_same_v<std::decay_t<Observe>, census_observer>) {  // counted in the library's loop
+    compiled::counts c{};
+    const partial_norm part = from_library(compiled::counted_sum_squares<Acc, MaxScales>(p, n, c));
+    observe.counts->merge({c.size, c.nan, c.inf, c.zeros, c.subnormals, c.max_abs});
+    return part;
+  }
   using observer_type = std::remove_reference_t<Observe>;
   const compiled::observer thunk = [](void* context, const void* chunk, std::size_t m) {
     (*static_cast<observer_type*>(context))(static_cast<const T*>(chunk), m);

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -63,6 +64,22 @@ template <class T>
 census count_elements(const T* p, std::size_t n) noexcept {
   return with_isa(best_isa(), [&](auto k) { return decltype(k)::census_of(p, n); });
 }
+#endif
+
+/// The observer of options::report: adds the census of what it is shown to *counts. The L2 sum of
+/// squares (sum_squares) counts inside its own loop instead, while the elements are in registers.
+struct census_observer {
+  census* counts;
+  template <class T>
+  void operator()(const T* p, std::size_t n) const noexcept {
+    if (n <= short_run)
+      add_short_census(*counts, p, n);
+    else
+      counts->merge(count_elements(p, n));
+  }
+};
+
+#if !defined(GRADCLIP_COMPILED)
 
 /// A block whose sum of squares was not accurate unscaled (or not finite): rescanned from L1, divided by
 /// a power of two near its maximum.
@@ -80,19 +97,16 @@ inline partial_norm rescaled_block(const T* block, std::size_t m) noexcept {
   return {e, K::template block_squares<Acc, true>(buffer, m, second), true};
 }
 
-/// The sum of squares in Acc, blocks totalled in FP64. With MaxScales, in one read pass: each block is
-/// summed unscaled and kept when that sum is accurate (accurate_unscaled: the vector kernel's
-/// common case, with no maximum to track), else rescanned by rescaled_block, and the parts merge;
-/// without, squares overflow as Acc does. observe(chunk, m) follows each observed_chunk elements; the
-/// bits are those of one pass, whatever the chunks.
-template <class K, class Acc, bool MaxScales, class T, class Observe>
-inline partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) noexcept {
+/// sum_squares below, the kernels counting into `counts` (census_lanes; nothing for a std::nullptr_t*),
+/// with observe(chunk, m) after each chunk.
+template <class K, class Acc, bool MaxScales, class T, class Counts, class Observe>
+inline partial_norm chunked_sum_squares(const T* p, std::size_t n, Counts* counts, Observe&& observe) noexcept {
   static_assert(observed_chunk % block_for<T> == 0, "chunks hold whole blocks");
   compensated_sum segment;
   if constexpr (!MaxScales || fits_without_scaling<T, Acc>) {
     for (std::size_t chunk = 0; chunk < n; chunk += observed_chunk) {
       const std::size_t m = std::min(observed_chunk, n - chunk);
-      K::template add_block_sums<Acc, false>(p + chunk, m, 0.0, segment);
+      K::template add_block_sums<Acc, false>(p + chunk, m, 0.0, segment, counts);
       observe(p + chunk, m);
     }
     return unscaled_part(segment.value());
@@ -103,7 +117,7 @@ inline partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) no
     for (std::size_t chunk = 0; chunk < n; chunk += observed_chunk) {
       const std::size_t end = std::min(n, chunk + observed_chunk);
       for (std::size_t start = chunk; start < end;) {
-        start += K::template add_block_sums<Acc, true>(p + start, end - start, min_sum, segment);
+        start += K::template add_block_sums<Acc, true>(p + start, end - start, min_sum, segment, counts);
         if (start == end) break;
         unscaled += segment.value();  // the unscaled blocks so far, then the block to rescale
         segment = {};
@@ -116,6 +130,23 @@ inline partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) no
     unscaled += segment.value();
     rescaled.merge(unscaled_part(unscaled));
     return rescaled;
+  }
+}
+
+/// The sum of squares in Acc, blocks totalled in FP64. With MaxScales, in one read pass: each block is
+/// summed unscaled and kept when that sum is accurate (accurate_unscaled: the vector kernel's
+/// common case, with no maximum to track), else rescanned by rescaled_block, and the parts merge;
+/// without, squares overflow as Acc does. observe(chunk, m) follows each observed_chunk elements; the
+/// bits are those of one pass, whatever the chunks. A census_observer is not called: the kernel counts
+/// each element as it sums it (census_lanes, kernels.inc), flushed into its census after each chunk.
+template <class K, class Acc, bool MaxScales, class T, class Observe>
+inline partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) noexcept {
+  if constexpr (std::is_same_v<std::decay_t<Observe>, census_observer>) {
+    typename K::template census_lanes<std::remove_const_t<T>> lanes;
+    return chunked_sum_squares<K, Acc, MaxScales>(
+        p, n, &lanes, [&](const T* chunk, std::size_t m) { lanes.flush(chunk, m, *observe.counts); });
+  } else {
+    return chunked_sum_squares<K, Acc, MaxScales>(p, n, static_cast<std::nullptr_t*>(nullptr), observe);
   }
 }
 
@@ -201,6 +232,48 @@ inline partial_norm short_sum_squares(const T* p, std::size_t n) noexcept {
   return unscaled_part(even + odd);
 }
 
+/// short_sum_squares, adding the run's census to `counts` from the same read: the loop keeps only the
+/// largest and least magnitude, and add_short_census counts the run again only where those say it holds
+/// zeros, subnormals, Inf or NaN. The same bits as short_sum_squares: squares of FP32 and narrower
+/// elements are exact in FP64, so no contraction into FMA can change them.
+template <class T>
+inline partial_norm counted_short_sum_squares(const T* p, std::size_t n, census& counts) noexcept {
+  using element = std::remove_const_t<T>;
+  using bits = float_bits<element>;
+  using I = typename bits::type;
+  static_assert(sizeof(element) <= 4, "squares exact in FP64");
+  const auto magnitude = [&](std::size_t i) {
+    I x;
+    std::memcpy(&x, p + i, sizeof x);
+    return static_cast<I>(x & bits::mask);
+  };
+  double even = 0, odd = 0;
+  I top = 0, low = bits::mask;
+  std::size_t i = 0;
+  for (; i + 2 <= n; i += 2) {
+    const double x = widen<double>(p[i]), y = widen<double>(p[i + 1]);
+    even += x * x;
+    odd += y * y;
+    const I a = magnitude(i), b = magnitude(i + 1);
+    top = std::max(top, std::max(a, b));
+    low = std::min(low, std::min(a, b));
+  }
+  if (i < n) {
+    even += widen<double>(p[i]) * widen<double>(p[i]);
+    top = std::max(top, magnitude(i));
+    low = std::min(low, magnitude(i));
+  }
+  if (low < bits::min_normal || top >= bits::inf) {
+    add_short_census(counts, p, n);
+  } else {
+    element largest;
+    std::memcpy(static_cast<void*>(&largest), &top, sizeof top);  // bits of a trivially copyable T
+    counts.size += n;
+    counts.max_abs = std::max(counts.max_abs, static_cast<double>(widen<double>(largest)));
+  }
+  return unscaled_part(even + odd);
+}
+
 /// Sequentially, in the element type itself: exactly what g.square().sum() does in FP16.
 template <class T>
 inline partial_norm sequential_sum_squares(const T* p, std::size_t n) noexcept {
@@ -224,7 +297,12 @@ inline partial_norm reduce_run_kernels(const T* p, std::size_t n, double order, 
   };
   if (norm_kind{order}.kernel() != run_kernel::sum_of_squares) return observed(power_sum_kernel(p, n, order));
   if constexpr (!traits::sequential && traits::max_scales && !std::is_same_v<element, double>)
-    if (n <= short_run) return observed(short_sum_squares(p, n));
+    if (n <= short_run) {
+      if constexpr (std::is_same_v<std::decay_t<Observe>, census_observer>)
+        return counted_short_sum_squares(p, n, *observe.counts);
+      else
+        return observed(short_sum_squares(p, n));
+    }
   if constexpr (traits::sequential) {
     return observed(sequential_sum_squares(p, n));
   } else {

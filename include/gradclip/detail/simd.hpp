@@ -264,6 +264,31 @@ struct portable {
     static std::uint16_t min_lane(vec v) noexcept { return v; }
   };
 
+  /// The census's lanes (options::report): T-wide signed integers holding an element's bits, counted
+  /// where a compare holds. Magnitudes (bits & mask) are nonnegative, so signed compares order them.
+  template <class Bits>
+  struct tally {
+    using vec = Bits;
+    static constexpr std::size_t width = 1;
+    static vec zero() noexcept { return 0; }
+    static vec set1(Bits x) noexcept { return x; }
+    static vec load(const void* p) noexcept {
+      Bits b;
+      std::memcpy(&b, p, sizeof b);
+      return b;
+    }
+    static vec bit_and(vec a, vec b) noexcept { return static_cast<vec>(a & b); }
+    /// counts + 1 in the lanes where a == b (a < b), counts elsewhere.
+    static vec count_equal(vec counts, vec a, vec b) noexcept { return static_cast<vec>(counts + (a == b)); }
+    static vec count_less(vec counts, vec a, vec b) noexcept { return static_cast<vec>(counts + (a < b)); }
+    static vec max(vec a, vec b) noexcept { return std::max(a, b); }
+    static vec min(vec a, vec b) noexcept { return std::min(a, b); }
+    /// The lanes of nonnegative counts, summed.
+    static std::size_t sum_lanes(vec v) noexcept { return static_cast<std::size_t>(v); }
+    static Bits max_lane(vec v) noexcept { return v; }
+    static Bits min_lane(vec v) noexcept { return v; }
+  };
+
 #include <gradclip/detail/kernels.inc>
 #include <gradclip/detail/update_kernels.inc>
 };
@@ -495,6 +520,82 @@ struct avx2 {
     }
   };
 
+  template <class Bits>  // see portable::tally
+  struct tally {
+    using vec = __m256i;
+    static constexpr std::size_t width = 32 / sizeof(Bits);
+    static vec zero() noexcept { return _mm256_setzero_si256(); }
+    static vec set1(Bits x) noexcept {
+      if constexpr (sizeof(Bits) == 2)
+        return _mm256_set1_epi16(x);
+      else if constexpr (sizeof(Bits) == 4)
+        return _mm256_set1_epi32(x);
+      else
+        return _mm256_set1_epi64x(x);
+    }
+    static vec load(const void* p) noexcept { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+    static vec bit_and(vec a, vec b) noexcept { return _mm256_and_si256(a, b); }
+    static vec equal(vec a, vec b) noexcept {  // all ones where a == b
+      if constexpr (sizeof(Bits) == 2)
+        return _mm256_cmpeq_epi16(a, b);
+      else if constexpr (sizeof(Bits) == 4)
+        return _mm256_cmpeq_epi32(a, b);
+      else
+        return _mm256_cmpeq_epi64(a, b);
+    }
+    static vec greater(vec a, vec b) noexcept {  // all ones where a > b
+      if constexpr (sizeof(Bits) == 2)
+        return _mm256_cmpgt_epi16(a, b);
+      else if constexpr (sizeof(Bits) == 4)
+        return _mm256_cmpgt_epi32(a, b);
+      else
+        return _mm256_cmpgt_epi64(a, b);
+    }
+    static vec minus(vec a, vec b) noexcept {  // a - b; all ones is -1
+      if constexpr (sizeof(Bits) == 2)
+        return _mm256_sub_epi16(a, b);
+      else if constexpr (sizeof(Bits) == 4)
+        return _mm256_sub_epi32(a, b);
+      else
+        return _mm256_sub_epi64(a, b);
+    }
+    static vec count_equal(vec counts, vec a, vec b) noexcept { return minus(counts, equal(a, b)); }
+    static vec count_less(vec counts, vec a, vec b) noexcept { return minus(counts, greater(b, a)); }
+    static vec max(vec a, vec b) noexcept {
+      if constexpr (sizeof(Bits) == 2)
+        return _mm256_max_epi16(a, b);
+      else if constexpr (sizeof(Bits) == 4)
+        return _mm256_max_epi32(a, b);
+      else
+        return _mm256_blendv_epi8(a, b, greater(b, a));
+    }
+    static vec min(vec a, vec b) noexcept {
+      if constexpr (sizeof(Bits) == 2)
+        return _mm256_min_epi16(a, b);
+      else if constexpr (sizeof(Bits) == 4)
+        return _mm256_min_epi32(a, b);
+      else
+        return _mm256_blendv_epi8(a, b, greater(a, b));
+    }
+    static std::size_t sum_lanes(vec v) noexcept {
+      Bits all[width];
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(all), v);
+      std::size_t sum = 0;
+      for (const Bits x : all) sum += static_cast<std::size_t>(x);
+      return sum;
+    }
+    static Bits max_lane(vec v) noexcept {
+      Bits all[width];
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(all), v);
+      return *std::max_element(all, all + width);
+    }
+    static Bits min_lane(vec v) noexcept {
+      Bits all[width];
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(all), v);
+      return *std::min_element(all, all + width);
+    }
+  };
+
 #include <gradclip/detail/kernels.inc>
 #include <gradclip/detail/update_kernels.inc>
 };
@@ -706,6 +807,72 @@ struct avx512 {
     }
     static std::uint16_t min_lane(vec v) noexcept {
       return avx2::i16::min_lane(_mm256_min_epu16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)));
+    }
+  };
+
+  template <class Bits>  // see portable::tally; compares give masks, counts are masked adds
+  struct tally {
+    using vec = __m512i;
+    static constexpr std::size_t width = 64 / sizeof(Bits);
+    static vec zero() noexcept { return _mm512_setzero_si512(); }
+    static vec set1(Bits x) noexcept {
+      if constexpr (sizeof(Bits) == 2)
+        return _mm512_set1_epi16(x);
+      else if constexpr (sizeof(Bits) == 4)
+        return _mm512_set1_epi32(x);
+      else
+        return _mm512_set1_epi64(x);
+    }
+    static vec load(const void* p) noexcept { return _mm512_loadu_si512(p); }
+    static vec bit_and(vec a, vec b) noexcept { return _mm512_and_si512(a, b); }
+    static vec count_equal(vec counts, vec a, vec b) noexcept {
+      if constexpr (sizeof(Bits) == 2)
+        return _mm512_mask_add_epi16(counts, _mm512_cmpeq_epi16_mask(a, b), counts, _mm512_set1_epi16(1));
+      else if constexpr (sizeof(Bits) == 4)
+        return _mm512_mask_add_epi32(counts, _mm512_cmpeq_epi32_mask(a, b), counts, _mm512_set1_epi32(1));
+      else
+        return _mm512_mask_add_epi64(counts, _mm512_cmpeq_epi64_mask(a, b), counts, _mm512_set1_epi64(1));
+    }
+    static vec count_less(vec counts, vec a, vec b) noexcept {
+      if constexpr (sizeof(Bits) == 2)
+        return _mm512_mask_add_epi16(counts, _mm512_cmplt_epi16_mask(a, b), counts, _mm512_set1_epi16(1));
+      else if constexpr (sizeof(Bits) == 4)
+        return _mm512_mask_add_epi32(counts, _mm512_cmplt_epi32_mask(a, b), counts, _mm512_set1_epi32(1));
+      else
+        return _mm512_mask_add_epi64(counts, _mm512_cmplt_epi64_mask(a, b), counts, _mm512_set1_epi64(1));
+    }
+    static vec max(vec a, vec b) noexcept {
+      if constexpr (sizeof(Bits) == 2)
+        return _mm512_maskz_max_epi16(~__mmask32{0}, a, b);
+      else if constexpr (sizeof(Bits) == 4)
+        return _mm512_maskz_max_epi32(~__mmask16{0}, a, b);
+      else
+        return _mm512_maskz_max_epi64(~__mmask8{0}, a, b);
+    }
+    static vec min(vec a, vec b) noexcept {
+      if constexpr (sizeof(Bits) == 2)
+        return _mm512_maskz_min_epi16(~__mmask32{0}, a, b);
+      else if constexpr (sizeof(Bits) == 4)
+        return _mm512_maskz_min_epi32(~__mmask16{0}, a, b);
+      else
+        return _mm512_maskz_min_epi64(~__mmask8{0}, a, b);
+    }
+    static std::size_t sum_lanes(vec v) noexcept {
+      Bits all[width];
+      _mm512_storeu_si512(all, v);
+      std::size_t sum = 0;
+      for (const Bits x : all) sum += static_cast<std::size_t>(x);
+      return sum;
+    }
+    static Bits max_lane(vec v) noexcept {
+      Bits all[width];
+      _mm512_storeu_si512(all, v);
+      return *std::max_element(all, all + width);
+    }
+    static Bits min_lane(vec v) noexcept {
+      Bits all[width];
+      _mm512_storeu_si512(all, v);
+      return *std::min_element(all, all + width);
     }
   };
 
