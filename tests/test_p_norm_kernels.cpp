@@ -348,9 +348,9 @@ TYPED_TEST(PNormKernels, SumAbsOfEveryBitPatternMatchesScalar) {
     const std::size_t all = finite.size() - 5;  // whole blocks, then a tail
     EXPECT_EQ(bits_of(with_isa(target, [&](auto k) { return sum_abs(k, finite.data(), all); })),
               bits_of(sum_abs(portable{}, finite.data(), all)));
-    std::vector<T> g(finite.begin(), finite.begin() + 37);  // two 16-element steps, then a tail of 5
+    std::vector<T> g(finite.begin(), finite.begin() + 53);  // 32 elements, 16, then a tail of 5
     for (std::size_t s = 0; s < special.size(); ++s)
-      for (std::size_t at : {std::size_t{0}, std::size_t{9}, std::size_t{31}, std::size_t{35}}) {
+      for (std::size_t at : {std::size_t{0}, std::size_t{9}, std::size_t{31}, std::size_t{40}, std::size_t{51}}) {
         g[at] = special[s];
         g[(at + 20) % g.size()] = special[(s * 7 + 1) % special.size()];  // a second one in another lane
         const double vector_sum = with_isa(target, [&](auto k) { return sum_abs(k, g.data(), g.size()); });
@@ -359,7 +359,7 @@ TYPED_TEST(PNormKernels, SumAbsOfEveryBitPatternMatchesScalar) {
           ASSERT_TRUE(std::isnan(vector_sum)) << "pattern " << s << " at " << at;
         else
           ASSERT_EQ(bits_of(vector_sum), bits_of(scalar_sum)) << "pattern " << s << " at " << at;
-        std::copy(finite.begin(), finite.begin() + 37, g.begin());
+        std::copy(finite.begin(), finite.begin() + 53, g.begin());
       }
   }
 }
