@@ -127,7 +127,6 @@ struct portable {
   struct f64 {
     using vec = double;
     static constexpr bool bf16_pairs = false;
-    static constexpr bool bf16_magnitude_pairs = false;  // see avx512::f64::add_magnitude_pairs
     using mask = bool;
     static constexpr std::size_t width = 1;
     static vec zero() noexcept { return 0.0; }
@@ -153,6 +152,11 @@ struct portable {
     static vec fmadd(vec a, vec b, vec c) noexcept { return std::fma(a, b, c); }
     static vec fmsub(vec a, vec b, vec c) noexcept { return std::fma(a, b, -c); }
     static vec abs(vec v) noexcept { return std::abs(v); }
+    /// acc[k] += |p[k * width + j]| lane by lane, for the N vectors of the p-norm lanes (sum_abs).
+    template <class T, std::size_t N>
+    static void add_magnitudes(vec (&acc)[N], const T* p) noexcept {
+      for (std::size_t k = 0; k < N; ++k) acc[k] = add(acc[k], abs(load(p + k * width)));
+    }
     static vec max(vec a, vec b) noexcept { return a > b ? a : b; }  // b where a is NaN, like maxpd
     static double max_lane(vec v) noexcept { return v; }
     /// Bit 0 set where lo <= |v| < hi.
@@ -320,7 +324,6 @@ struct avx2 {
   struct f64 {
     using vec = __m256d;
     static constexpr bool bf16_pairs = false;
-    static constexpr bool bf16_magnitude_pairs = false;
     static constexpr std::size_t width = 4;
     static vec zero() noexcept { return _mm256_setzero_pd(); }
     static vec set1(double x) noexcept { return _mm256_set1_pd(x); }
@@ -339,6 +342,10 @@ struct avx2 {
     static vec add(vec a, vec b) noexcept { return _mm256_add_pd(a, b); }
     static vec mul(vec a, vec b) noexcept { return _mm256_mul_pd(a, b); }
     static vec abs(vec v) noexcept { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), v); }
+    template <class T, std::size_t N>  // see portable::f64
+    static void add_magnitudes(vec (&acc)[N], const T* p) noexcept {
+      for (std::size_t k = 0; k < N; ++k) acc[k] = add(acc[k], abs(load(p + k * width)));
+    }
     static vec max(vec a, vec b) noexcept { return _mm256_max_pd(a, b); }
     static vec fmadd(vec a, vec b, vec c) noexcept { return _mm256_fmadd_pd(a, b, c); }  // a b + c, one rounding
     static vec add_exact_square(vec acc, vec v) noexcept { return _mm256_fmadd_pd(v, v, acc); }
@@ -524,7 +531,6 @@ struct avx512 {
   struct f64 {
     using vec = __m512d;
     static constexpr bool bf16_pairs = false;
-    static constexpr bool bf16_magnitude_pairs = true;
     static constexpr std::size_t width = 8;
     static vec zero() noexcept { return _mm512_setzero_pd(); }
     static vec set1(double x) noexcept { return _mm512_set1_pd(x); }
@@ -545,27 +551,23 @@ struct avx512 {
     static vec add(vec a, vec b) noexcept { return _mm512_add_pd(a, b); }
     static vec mul(vec a, vec b) noexcept { return _mm512_mul_pd(a, b); }
     static vec abs(vec v) noexcept { return _mm512_abs_pd(v); }
-    /// sum_abs's step over 32 BF16 elements, read as 16 32-bit pairs (block_squares' raw pairs): a pair's
-    /// low element is its bits shifted up, its high element its bits masked, signs cleared first. acc[0]
-    /// takes the even lanes (0, 2, ..., 14), acc[1] the odd ones, each lane its elements in order, so the
-    /// sums are those of load and abs once pairs_to_lanes has run: 9 instructions besides the additions
-    /// where those take 16, and the BF16 L1 norm ran 1.46 times as fast in cache on an Intel Xeon (issue
-    /// 28). FP16 keeps load's two conversions: one vcvtph2ps of 16 elements, or AVX512-FP16's vcvtph2pd,
-    /// measured slower there.
-    static void add_magnitude_pairs(vec (&acc)[2], const Eigen::bfloat16* p) noexcept {
-      const __m512i pairs = _mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi16(0x7fff));
-      const __m512 even = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, pairs, 16));
-      const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
-      acc[0] = add(acc[0], _mm512_maskz_cvtps_pd(0xff, _mm512_castps512_ps256(even)));
-      acc[1] = add(acc[1], _mm512_maskz_cvtps_pd(0xff, _mm512_castps512_ps256(odd)));
-      acc[0] = add(acc[0], _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, even, 1)));
-      acc[1] = add(acc[1], _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, odd, 1)));
+    template <class T, std::size_t N>  // see portable::f64
+    static void add_magnitudes(vec (&acc)[N], const T* p) noexcept {
+      for (std::size_t k = 0; k < N; ++k) acc[k] = add(acc[k], abs(load(p + k * width)));
     }
-    /// Even and odd lanes (add_magnitude_pairs) back to lanes 0-7 and 8-15.
-    static void pairs_to_lanes(vec (&acc)[2]) noexcept {
-      const vec low = _mm512_permutex2var_pd(acc[0], _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0), acc[1]);
-      acc[1] = _mm512_permutex2var_pd(acc[0], _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4), acc[1]);
-      acc[0] = low;
+    /// 16 BF16 elements widened at once, their signs cleared as integers: six instructions where two
+    /// loads of 8 and their abs took eight (issue 28: the BF16 L1 norm ran 1.23 times as fast in cache on
+    /// an Intel Xeon). 32 elements as 32-bit pairs in even and odd lanes (block_squares' raw pairs) ran
+    /// 1.46 times as fast in cache there but slower from memory (0.80 of the L2 norm against 0.93).
+    /// FP16 keeps load's two conversions: one vcvtph2ps of 16 and two vcvtps2pd, or AVX512-FP16's
+    /// vcvtph2pd, measured slower there.
+    static void add_magnitudes(vec (&acc)[2], const Eigen::bfloat16* p) noexcept {
+      const __m256i bits =
+          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), _mm256_set1_epi16(0x7fff));
+      const __m512 wide =
+          _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, bits), 16));
+      acc[0] = add(acc[0], _mm512_maskz_cvtps_pd(0xff, _mm512_castps512_ps256(wide)));
+      acc[1] = add(acc[1], _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, wide, 1)));
     }
     static vec max(vec a, vec b) noexcept { return _mm512_maskz_max_pd(0xff, a, b); }
     static vec fmadd(vec a, vec b, vec c) noexcept { return _mm512_fmadd_pd(a, b, c); }
