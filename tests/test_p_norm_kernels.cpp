@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -300,6 +301,67 @@ TEST(PNormKernelOrders, Fp64L1BeyondDoubleRange) {
   ASSERT_TRUE(part.finite);
   const gradclip::detail::scaled norm = part.norm_scaled();
   EXPECT_NEAR(std::ldexp(norm.mantissa, norm.exponent - 1100) / (3000 * std::ldexp(1.5e308, -1100)), 1.0, 1e-13);
+}
+
+/// Bit patterns of T in a fixed shuffled order: every one for 16-bit types, 65536 random ones for
+/// FP32 and FP64; finite ones (all signs, zeros, subnormals, the largest) or, with `nonfinite`, only
+/// Inf and NaN (every payload and sign for 16-bit types).
+template <class T>
+std::vector<T> bit_patterns(std::mt19937_64& rng, bool nonfinite) {
+  using bits_t = std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                                    std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+  constexpr int exponent_bits = sizeof(T) == 2 ? (std::is_same_v<T, Eigen::half> ? 5 : 8) : sizeof(T) == 4 ? 8 : 11;
+  constexpr int significand_bits = 8 * sizeof(T) - 1 - exponent_bits;
+  constexpr bits_t exponent_mask = static_cast<bits_t>(((bits_t{1} << exponent_bits) - 1) << significand_bits);
+  std::vector<T> v;
+  for (std::uint64_t k = 0; k < 65536; ++k) {
+    bits_t b = sizeof(T) == 2 ? static_cast<bits_t>(k) : static_cast<bits_t>(rng());
+    if (nonfinite && sizeof(T) > 2) b |= exponent_mask;
+    if (((b & exponent_mask) == exponent_mask) != nonfinite) continue;
+    T x;
+    std::memcpy(static_cast<void*>(&x), &b, sizeof x);
+    v.push_back(x);
+  }
+  std::shuffle(v.begin(), v.end(), rng);
+  return v;
+}
+
+// sum |x| (sum_abs) of every vector target against the scalar one, bit for bit, over every 16-bit
+// pattern: signs, zeros, subnormals and the largest values in the vector steps and in the tails, then
+// each Inf and NaN at positions inside a vector step and in the tail (NaN, whatever its payload).
+TYPED_TEST(PNormKernels, SumAbsOfEveryBitPatternMatchesScalar) {
+  using T = TypeParam;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const auto finite = bit_patterns<T>(rng, false);
+  const auto special = bit_patterns<T>(rng, true);
+  const auto sum_abs = [](auto k, const T* p, std::size_t n) { return decltype(k)::sum_abs(p, n); };
+  for (isa target : vector_isas()) {
+    SCOPED_TRACE("isa " + std::to_string(static_cast<int>(target)));
+    for (std::size_t start = 0; start + 3001 < finite.size(); start += 1999)
+      for (std::size_t n : {std::size_t{7}, std::size_t{31}, std::size_t{33}, std::size_t{1025}, std::size_t{3001}}) {
+        const T* p = finite.data() + start;
+        EXPECT_EQ(bits_of(with_isa(target, [&](auto k) { return sum_abs(k, p, n); })),
+                  bits_of(sum_abs(portable{}, p, n)))
+            << "start " << start << " n " << n;
+      }
+    const std::size_t all = finite.size() - 5;  // whole blocks, then a tail
+    EXPECT_EQ(bits_of(with_isa(target, [&](auto k) { return sum_abs(k, finite.data(), all); })),
+              bits_of(sum_abs(portable{}, finite.data(), all)));
+    std::vector<T> g(finite.begin(), finite.begin() + 53);  // 32 elements, 16, then a tail of 5
+    for (std::size_t s = 0; s < special.size(); ++s)
+      for (std::size_t at : {std::size_t{0}, std::size_t{9}, std::size_t{31}, std::size_t{40}, std::size_t{51}}) {
+        g[at] = special[s];
+        g[(at + 20) % g.size()] = special[(s * 7 + 1) % special.size()];  // a second one in another lane
+        const double vector_sum = with_isa(target, [&](auto k) { return sum_abs(k, g.data(), g.size()); });
+        const double scalar_sum = sum_abs(portable{}, g.data(), g.size());
+        if (std::isnan(scalar_sum))  // which of two NaNs wins an addition is the compiler's choice
+          ASSERT_TRUE(std::isnan(vector_sum)) << "pattern " << s << " at " << at;
+        else
+          ASSERT_EQ(bits_of(vector_sum), bits_of(scalar_sum)) << "pattern " << s << " at " << at;
+        std::copy(finite.begin(), finite.begin() + 53, g.begin());
+      }
+  }
 }
 
 }  // namespace
