@@ -65,8 +65,8 @@ struct norm_row {
 
 /// The row of the kind named p (norm_type, partial_norm::p): L2, L1, the maximum, any other p, or the RMS
 /// norm (key -2, options.hpp). The exact integer SUM holds rescaled sums below 4 only, so p above 2 gathers
-/// instead.
-inline norm_row row_of(double p) noexcept {
+/// instead. Always inlined: a merge or a run asks one column, which then costs a comparison or two.
+[[gnu::always_inline]] inline norm_row row_of(double p) noexcept {
   using root = norm_root;
   using unscale = unscale_rule;
   using ranks = rank_reduction;
@@ -91,7 +91,7 @@ inline norm_row row_of(double p) noexcept {
 /// A norm kind, named by the p of norm_type and of partial_norm, with the rules of its row.
 class norm_kind {
  public:
-  explicit norm_kind(double p) noexcept : row_(row_of(p)) {}
+  [[gnu::always_inline]] explicit norm_kind(double p) noexcept : row_(row_of(p)) {}
 
   bool accepted() const noexcept { return row_.accepted; }
   bool p_norm() const noexcept { return row_.p_norm; }
