@@ -218,18 +218,28 @@ inline partial_norm compensated_sum_squares(const double* p, std::size_t n) noex
 #endif
 
 /// The squares of a short run summed in FP64 directly: exact squares for FP32 and narrower elements, so at
-/// least as accurate as the kernels, and overflow-free.
-template <class T>
-inline partial_norm short_sum_squares(const T* p, std::size_t n) noexcept {
+/// least as accurate as the kernels, and overflow-free. seen(i) follows the read of each element i.
+template <class T, class Seen>
+inline partial_norm short_sum_squares(const T* p, std::size_t n, Seen&& seen) noexcept {
   double even = 0, odd = 0;
   std::size_t i = 0;
   for (; i + 2 <= n; i += 2) {
     const double x = widen<double>(p[i]), y = widen<double>(p[i + 1]);
     even += x * x;
     odd += y * y;
+    seen(i);
+    seen(i + 1);
   }
-  if (i < n) even += widen<double>(p[i]) * widen<double>(p[i]);
+  if (i < n) {
+    even += widen<double>(p[i]) * widen<double>(p[i]);
+    seen(i);
+  }
   return unscaled_part(even + odd);
+}
+
+template <class T>
+inline partial_norm short_sum_squares(const T* p, std::size_t n) noexcept {
+  return short_sum_squares(p, n, [](std::size_t) {});
 }
 
 /// short_sum_squares, adding the run's census to `counts` from the same read: the loop keeps only the
@@ -242,27 +252,14 @@ inline partial_norm counted_short_sum_squares(const T* p, std::size_t n, census&
   using bits = float_bits<element>;
   using I = typename bits::type;
   static_assert(sizeof(element) <= 4, "squares exact in FP64");
-  const auto magnitude = [&](std::size_t i) {
+  I top = 0, low = bits::mask;
+  const partial_norm part = short_sum_squares(p, n, [&](std::size_t i) {
     I x;
     std::memcpy(&x, p + i, sizeof x);
-    return static_cast<I>(x & bits::mask);
-  };
-  double even = 0, odd = 0;
-  I top = 0, low = bits::mask;
-  std::size_t i = 0;
-  for (; i + 2 <= n; i += 2) {
-    const double x = widen<double>(p[i]), y = widen<double>(p[i + 1]);
-    even += x * x;
-    odd += y * y;
-    const I a = magnitude(i), b = magnitude(i + 1);
-    top = std::max(top, std::max(a, b));
-    low = std::min(low, std::min(a, b));
-  }
-  if (i < n) {
-    even += widen<double>(p[i]) * widen<double>(p[i]);
-    top = std::max(top, magnitude(i));
-    low = std::min(low, magnitude(i));
-  }
+    const I magnitude = static_cast<I>(x & bits::mask);
+    top = std::max(top, magnitude);
+    low = std::min(low, magnitude);
+  });
   if (low < bits::min_normal || top >= bits::inf) {
     add_short_census(counts, p, n);
   } else {
@@ -271,7 +268,7 @@ inline partial_norm counted_short_sum_squares(const T* p, std::size_t n, census&
     counts.size += n;
     counts.max_abs = std::max(counts.max_abs, static_cast<double>(widen<double>(largest)));
   }
-  return unscaled_part(even + odd);
+  return part;
 }
 
 /// Sequentially, in the element type itself: exactly what g.square().sum() does in FP16.
