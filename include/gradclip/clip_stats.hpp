@@ -47,13 +47,7 @@ namespace detail {
 // clip_stats' arithmetic, never contracted into FMAs, so that its results do not depend on the target:
 // torch.quantile's rank and torch.lerp round each product before the sum (libtorch's AVX2 kernel fuses
 // the lerp and differs in the last bit), and the shares' scaled squares round as ldexp does.
-#if defined(__clang__)
-#pragma float_control(push)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-#endif
+GRADCLIP_FP_CONTRACT_OFF_BEGIN
 /// torch.quantile's position of q among n >= 1 sorted values: rank q * (n - 1), its truncation and
 /// ceiling (clamped to n - 1 where q * (n - 1) rounds up past it), and the weight between them.
 struct quantile_rank {
@@ -84,11 +78,7 @@ inline void add_scaled_squares(std::vector<double>& sums, const tensor_report& r
     sums[i] += weight != 0.0 ? square * weight : std::ldexp(square, shift);
   }
 }
-#if defined(__clang__)
-#pragma float_control(pop)
-#elif defined(__GNUC__)
-#pragma GCC pop_options
-#endif
+GRADCLIP_FP_CONTRACT_OFF_END
 
 }  // namespace detail
 

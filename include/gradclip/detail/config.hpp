@@ -128,3 +128,16 @@
                     GRADCLIP_ABI_BMI, GRADCLIP_ABI_LZCNT, GRADCLIP_ABI_AVX512F, GRADCLIP_ABI_AVX512BW,            \
                     GRADCLIP_ABI_AVX512DQ, GRADCLIP_ABI_AVX512VL, GRADCLIP_ABI_AVX512CD, GRADCLIP_ABI_AVX512FP16, \
                     GRADCLIP_ABI_AVX512BF16, GRADCLIP_ABI_ARM, GRADCLIP_ABI_SIMD, GRADCLIP_ABI_COMPILED)
+
+// Products rounded before they are added, whatever the user's -ffp-contract: GRADCLIP_FP_CONTRACT_OFF_BEGIN
+// and _END bracket code whose bits would change if the compiler fused a multiply and an add.
+#if defined(__clang__)
+#define GRADCLIP_FP_CONTRACT_OFF_BEGIN _Pragma("float_control(push)") _Pragma("clang fp contract(off)")
+#define GRADCLIP_FP_CONTRACT_OFF_END _Pragma("float_control(pop)")
+#elif defined(__GNUC__)
+#define GRADCLIP_FP_CONTRACT_OFF_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")")
+#define GRADCLIP_FP_CONTRACT_OFF_END _Pragma("GCC pop_options")
+#else
+#define GRADCLIP_FP_CONTRACT_OFF_BEGIN
+#define GRADCLIP_FP_CONTRACT_OFF_END
+#endif

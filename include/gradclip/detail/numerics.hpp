@@ -16,13 +16,7 @@
 #include <type_traits>
 
 // Products and squares are rounded before they are added, as in the vector kernels.
-#if defined(__clang__)
-#pragma float_control(push)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-#endif
+GRADCLIP_FP_CONTRACT_OFF_BEGIN
 namespace gradclip {
 inline namespace GRADCLIP_ABI {
 namespace detail {
@@ -214,8 +208,4 @@ struct power_scale {
 }  // namespace detail
 }  // namespace GRADCLIP_ABI
 }  // namespace gradclip
-#if defined(__clang__)
-#pragma float_control(pop)
-#elif defined(__GNUC__)
-#pragma GCC pop_options
-#endif
+GRADCLIP_FP_CONTRACT_OFF_END

@@ -122,13 +122,7 @@ struct fold_sources<I, W, G, High, std::index_sequence<O...>> {
 
 // The portable target: scalar operations, never contracted into FMA, so that its squares are rounded
 // before they are added as the vector targets' are.
-#if defined(__clang__)
-#pragma float_control(push)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-#endif
+GRADCLIP_FP_CONTRACT_OFF_BEGIN
 struct portable {
   static constexpr isa target = isa::portable;
   static constexpr bool bf16_instruction = false;  // see avx512
@@ -299,11 +293,7 @@ struct portable {
 #include <gradclip/detail/kernels.inc>
 #include <gradclip/detail/update_kernels.inc>
 };
-#if defined(__clang__)
-#pragma float_control(pop)
-#elif defined(__GNUC__)
-#pragma GCC pop_options
-#endif
+GRADCLIP_FP_CONTRACT_OFF_END
 
 #if GRADCLIP_X86_DISPATCH
 

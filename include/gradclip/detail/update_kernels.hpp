@@ -127,13 +127,7 @@ R reduce_pieces(std::size_t n, std::size_t element_bytes, const options& opt, R 
 
 // The loops round every product before adding (no contraction into FMA), so their bits do not depend on
 // the instruction set the compiler targets.
-#if defined(__clang__)
-#pragma float_control(push)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-#endif
+GRADCLIP_FP_CONTRACT_OFF_BEGIN
 
 /// StableAdamW's sum, sum_j g_j^2 / max(v_j, eps^2), as a part of p = 1 (sum * 2^exponent), and whether
 /// an input was NaN or infinite (`witness`: the first such value, in element order).
@@ -269,11 +263,7 @@ double first_nonfinite(const T* g, const V* v, std::size_t m) noexcept {
   return 0.0;
 }
 
-#if defined(__clang__)
-#pragma float_control(pop)
-#elif defined(__GNUC__)
-#pragma GCC pop_options
-#endif
+GRADCLIP_FP_CONTRACT_OFF_END
 
 }  // namespace detail
 }  // namespace GRADCLIP_ABI
