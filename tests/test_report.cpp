@@ -295,6 +295,43 @@ TYPED_TEST(Report, SpecialsAtChunkBlockAndVectorBoundariesOnOneAndTwoThreads) {
   }
 }
 
+/// Blocks where a NaN or an Inf shares every lane with zeros and subnormals (the lanes' least magnitudes
+/// then say nothing), and a block of nothing but subnormals and zeros (its largest magnitude subnormal):
+/// every count and max_abs as count_widened's, in runs of whole blocks and in a last, partial one.
+TYPED_TEST(Report, ZerosAndSubnormalsBesideNaNAndInfInEveryLane) {
+  using T = TypeParam;
+  using limits = std::numeric_limits<T>;
+  const std::size_t block = gradclip::detail::block_for<T>;
+  const T half_min = static_cast<T>(static_cast<double>(limits::min()) / 2);  // subnormal, exact
+  for (const T fill : {limits::quiet_NaN(), -limits::infinity()})
+    for (const std::size_t n : {3 * block, 3 * block + 45}) {
+      SCOPED_TRACE(std::to_string(n) + " elements, filled with " + std::to_string(static_cast<double>(fill)));
+      vector_of<T> v = vector_of<T>::Constant(static_cast<Eigen::Index>(n), fill);
+      for (std::size_t i = 0; i < 64; ++i) {  // a zero or a subnormal in each of the first 64 lanes
+        v[static_cast<Eigen::Index>(i)] = i % 2 ? -T(0) : limits::denorm_min();
+        v[static_cast<Eigen::Index>(block + 3 * i)] = T(0);
+        v[static_cast<Eigen::Index>(2 * block + i)] = i % 3 ? limits::denorm_min() : -half_min;
+      }
+      for (std::size_t i = 2 * block + 64; i < 3 * block; ++i)  // the third block: no NaN or Inf
+        v[static_cast<Eigen::Index>(i)] = i % 5 ? -limits::denorm_min() : T(0);
+      for (std::size_t i = 3 * block; i < n; ++i) v[static_cast<Eigen::Index>(i)] = i % 2 ? fill : T(0);
+      std::vector<vector_of<T>> grads{v};
+      gradclip::tensor_report report;
+      gradclip::options opt;
+      opt.nonfinite = gradclip::on_nonfinite::propagate;
+      opt.report = &report;
+      (void)gradclip::clip_by_global_norm(grads, 1.0, opt);
+      ASSERT_EQ(report.size(), 1u);
+      expect_counts(report[0], count_widened(v), n);
+      std::vector<vector_of<T>> third{
+          v.segment(static_cast<Eigen::Index>(2 * block), static_cast<Eigen::Index>(block))};
+      (void)gradclip::norm(third[0], opt);
+      ASSERT_EQ(report.size(), 1u);
+      expect_counts(report[0], count_widened(third[0]), block);
+      EXPECT_EQ(report[0].max_abs, static_cast<double>(half_min)) << "the largest magnitude is subnormal";
+    }
+}
+
 #if !defined(GRADCLIP_COMPILED)  // each instruction set's kernels by name: the headers' own, not the library
 void expect_same_census(const gradclip::detail::census& got, const expected_counts& c, std::size_t n) {
   EXPECT_EQ(got.size, n);

@@ -138,13 +138,14 @@ inline partial_norm chunked_sum_squares(const T* p, std::size_t n, Counts* count
 /// common case, with no maximum to track), else rescanned by rescaled_block, and the parts merge;
 /// without, squares overflow as Acc does. observe(chunk, m) follows each observed_chunk elements; the
 /// bits are those of one pass, whatever the chunks. A census_observer is not called: the kernel counts
-/// each element as it sums it (census_lanes, kernels.inc), flushed into its census after each chunk.
+/// each element as it sums it (census_lanes, kernels.inc), added to its census at the end.
 template <class K, class Acc, bool MaxScales, class T, class Observe>
 inline partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) noexcept {
   if constexpr (std::is_same_v<std::decay_t<Observe>, census_observer>) {
-    typename K::template census_lanes<std::remove_const_t<T>> lanes;
-    return chunked_sum_squares<K, Acc, MaxScales>(
-        p, n, &lanes, [&](const T* chunk, std::size_t m) { lanes.flush(chunk, m, *observe.counts); });
+    typename K::template census_lanes<std::remove_const_t<T>, Acc> lanes;
+    const partial_norm part = chunked_sum_squares<K, Acc, MaxScales>(p, n, &lanes, no_observer{});
+    lanes.finish(n, *observe.counts);
+    return part;
   } else {
     return chunked_sum_squares<K, Acc, MaxScales>(p, n, static_cast<std::nullptr_t*>(nullptr), observe);
   }

@@ -283,11 +283,34 @@ struct portable {
     static vec count_equal(vec counts, vec a, vec b) noexcept { return static_cast<vec>(counts + (a == b)); }
     static vec count_less(vec counts, vec a, vec b) noexcept { return static_cast<vec>(counts + (a < b)); }
     static vec max(vec a, vec b) noexcept { return std::max(a, b); }
-    static vec min(vec a, vec b) noexcept { return std::min(a, b); }
     /// The lanes of nonnegative counts, summed.
     static std::size_t sum_lanes(vec v) noexcept { return static_cast<std::size_t>(v); }
     static Bits max_lane(vec v) noexcept { return v; }
-    static Bits min_lane(vec v) noexcept { return v; }
+  };
+
+  /// The census's magnitudes in an accumulator's lanes (f32::vec or f64::vec; census_lanes in
+  /// kernels.inc): the largest and least |v| of the values a sum of squares has just widened, so that
+  /// counting loads nothing again.
+  struct magnitudes {
+    /// top = max(top, |v|), low = min(low, |v|), lane by lane (NaN lanes: whatever the target gives).
+    template <class V>
+    static void take(V& top, V& low, V v) noexcept {
+      const V a = std::abs(v);
+      top = a > top ? a : top;
+      low = a < low ? a : low;
+    }
+    template <class V>
+    static bool any_below(V v, V x) noexcept {
+      return v < x;
+    }
+    template <class V>
+    static V max(V a, V b) noexcept {  // of magnitudes, never NaN
+      return a > b ? a : b;
+    }
+    template <class V>
+    static double max_lane(V v) noexcept {
+      return static_cast<double>(v);
+    }
   };
 
 #include <gradclip/detail/kernels.inc>
@@ -574,14 +597,6 @@ struct avx2 {
       else
         return _mm256_blendv_epi8(a, b, greater(b, a));
     }
-    static vec min(vec a, vec b) noexcept {
-      if constexpr (sizeof(Bits) == 2)
-        return _mm256_min_epi16(a, b);
-      else if constexpr (sizeof(Bits) == 4)
-        return _mm256_min_epi32(a, b);
-      else
-        return _mm256_blendv_epi8(a, b, greater(a, b));
-    }
     static std::size_t sum_lanes(vec v) noexcept {
       Bits all[width];
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(all), v);
@@ -594,11 +609,33 @@ struct avx2 {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(all), v);
       return *std::max_element(all, all + width);
     }
-    static Bits min_lane(vec v) noexcept {
-      Bits all[width];
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(all), v);
-      return *std::min_element(all, all + width);
+  };
+
+  struct magnitudes {  // see portable::magnitudes
+    static void take(__m256& top, __m256& low, __m256 v) noexcept {
+      const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+      top = _mm256_max_ps(top, a);
+      low = _mm256_min_ps(low, a);
     }
+    static void take(__m256d& top, __m256d& low, __m256d v) noexcept {
+      const __m256d a = _mm256_andnot_pd(_mm256_set1_pd(-0.0), v);
+      top = _mm256_max_pd(top, a);
+      low = _mm256_min_pd(low, a);
+    }
+    static bool any_below(__m256 v, __m256 x) noexcept {
+      return _mm256_movemask_ps(_mm256_cmp_ps(v, x, _CMP_LT_OQ)) != 0;
+    }
+    static __m256 max(__m256 a, __m256 b) noexcept { return _mm256_max_ps(a, b); }
+    static __m256d max(__m256d a, __m256d b) noexcept { return _mm256_max_pd(a, b); }
+    static bool any_below(__m256d v, __m256d x) noexcept {
+      return _mm256_movemask_pd(_mm256_cmp_pd(v, x, _CMP_LT_OQ)) != 0;
+    }
+    static double max_lane(__m256 v) noexcept {
+      const __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+      const __m128 t = _mm_max_ps(s, _mm_movehl_ps(s, s));
+      return static_cast<double>(_mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t))));
+    }
+    static double max_lane(__m256d v) noexcept { return f64::max_lane(v); }
   };
 
 #include <gradclip/detail/kernels.inc>
@@ -875,14 +912,6 @@ struct avx512 {
       else
         return _mm512_maskz_max_epi64(~__mmask8{0}, a, b);
     }
-    static vec min(vec a, vec b) noexcept {
-      if constexpr (sizeof(Bits) == 2)
-        return _mm512_maskz_min_epi16(~__mmask32{0}, a, b);
-      else if constexpr (sizeof(Bits) == 4)
-        return _mm512_maskz_min_epi32(~__mmask16{0}, a, b);
-      else
-        return _mm512_maskz_min_epi64(~__mmask8{0}, a, b);
-    }
     static std::size_t sum_lanes(vec v) noexcept {
       Bits all[width];
       _mm512_storeu_si512(all, v);
@@ -895,11 +924,28 @@ struct avx512 {
       _mm512_storeu_si512(all, v);
       return *std::max_element(all, all + width);
     }
-    static Bits min_lane(vec v) noexcept {
-      Bits all[width];
-      _mm512_storeu_si512(all, v);
-      return *std::min_element(all, all + width);
+  };
+
+  // vrangeps and vrangepd (AVX-512DQ) give max(|a|, |b|) or min(|a|, |b|) in one instruction: imm8 bits
+  // 1:0 select the larger (11) or smaller (10) magnitude, bits 3:2 = 10 clear its sign.
+  struct magnitudes {  // see portable::magnitudes
+    static void take(__m512& top, __m512& low, __m512 v) noexcept {
+      top = _mm512_maskz_range_ps(0xffff, top, v, 0x0b);
+      low = _mm512_maskz_range_ps(0xffff, low, v, 0x0a);
     }
+    static void take(__m512d& top, __m512d& low, __m512d v) noexcept {
+      top = _mm512_maskz_range_pd(0xff, top, v, 0x0b);
+      low = _mm512_maskz_range_pd(0xff, low, v, 0x0a);
+    }
+    static bool any_below(__m512 v, __m512 x) noexcept { return _mm512_cmp_ps_mask(v, x, _CMP_LT_OQ) != 0; }
+    static bool any_below(__m512d v, __m512d x) noexcept { return _mm512_cmp_pd_mask(v, x, _CMP_LT_OQ) != 0; }
+    static __m512 max(__m512 a, __m512 b) noexcept { return _mm512_maskz_max_ps(0xffff, a, b); }
+    static __m512d max(__m512d a, __m512d b) noexcept { return _mm512_maskz_max_pd(0xff, a, b); }
+    static double max_lane(__m512 v) noexcept {
+      return avx2::magnitudes::max_lane(
+          _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_maskz_extractf32x8_ps(0xff, v, 1)));
+    }
+    static double max_lane(__m512d v) noexcept { return f64::max_lane(v); }
   };
 
   // AVX-512 BF16 (Cooper Lake, Sapphire Rapids, Zen 4 and later) rounds FP32 to BF16 in one instruction,
