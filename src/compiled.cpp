@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace gradclip::compiled {
@@ -168,6 +169,21 @@ struct caller_group {
   }
 };
 
+}  // namespace
+}  // namespace gradclip::compiled
+
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
+template <bool Const>
+struct interleaves<compiled::caller_group<Const>> : std::false_type {};  // each piece is one unit
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip
+
+namespace gradclip::compiled {
+namespace {
+
 /// The caller's executor, run through its callback.
 class caller_executor final : public executor {
  public:
@@ -176,7 +192,7 @@ class caller_executor final : public executor {
     using job_type = std::function<void(unsigned)>;
     call_.run_pool(
         call_.pool, count, [](void* context, unsigned k) { (*static_cast<const job_type*>(context))(k); },
-        const_cast<job_type*>(&job));
+        std::make_shared<job_type>(job));
   }
 
  private:

@@ -14,6 +14,7 @@
 #include <Eigen/Core>
 
 #include <cstddef>
+#include <memory>
 #include <type_traits>
 
 namespace gradclip {
@@ -83,8 +84,9 @@ struct stats {
 };
 
 /// A call's options (options.hpp). The caller's executor and report stay the caller's: the library runs
-/// its jobs through run_pool(pool, count, job, context), and hands over the finished report through
-/// deliver(report, stats, n) once the call can no longer throw.
+/// its jobs through run_pool(pool, count, job, context), job(context.get(), k) running job k (an executor
+/// may keep a job after run() returns: `context` owns its state), and hands over the finished report
+/// through deliver(report, stats, n) once the call can no longer throw.
 struct settings {
   const char* function;
   int nonfinite;
@@ -92,7 +94,8 @@ struct settings {
   double norm;
   unsigned threads;
   const void* pool;
-  void (*run_pool)(const void* pool, unsigned count, void (*job)(void* context, unsigned k), void* context);
+  void (*run_pool)(const void* pool, unsigned count, void (*job)(void* context, unsigned k),
+                   const std::shared_ptr<void>& context);
   void* report;
   void (*deliver)(void* report, const stats* entries, std::size_t n);
 };

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <iterator>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -35,8 +36,9 @@ struct library_policy<robust> : std::integral_constant<compiled::policy, compile
 
 /// What the library calls back: the caller's executor, and the hand-over of the caller's report.
 struct library_callbacks {
-  static void run_pool(const void* pool, unsigned count, void (*job)(void*, unsigned), void* context) {
-    static_cast<const executor*>(pool)->run(count, [job, context](unsigned k) { job(context, k); });
+  static void run_pool(const void* pool, unsigned count, void (*job)(void*, unsigned),
+                       const std::shared_ptr<void>& context) {
+    static_cast<const executor*>(pool)->run(count, [job, context](unsigned k) { job(context.get(), k); });
   }
   static void deliver(void* report, const compiled::stats* entries, std::size_t n) {
     tensor_report& r = *static_cast<tensor_report*>(report);
