@@ -199,11 +199,36 @@ class caller_executor final : public executor {
   const settings& call_;
 };
 
+/// Where a call fills the report it hands over: kept from call to call on each thread, so steady-state
+/// steps allocate nothing, unless a call on this thread is still using it (one nested in an executor).
+struct report_scratch {
+  tensor_report report;
+  std::vector<stats> entries;
+  bool busy = false;
+};
+
+class scratch_lease {
+ public:
+  scratch_lease() : scratch_(kept().busy ? own_ : kept()) { scratch_.busy = true; }
+  ~scratch_lease() { scratch_.busy = false; }
+  scratch_lease(const scratch_lease&) = delete;
+  scratch_lease& operator=(const scratch_lease&) = delete;
+  report_scratch* operator->() noexcept { return &scratch_; }
+
+ private:
+  static report_scratch& kept() {
+    thread_local report_scratch scratch;
+    return scratch;
+  }
+  report_scratch own_;
+  report_scratch& scratch_;
+};
+
 template <class Policy>
 outcome clip_with(const settings& call, const group& grads, double max_norm) {
-  // The report is filled here, then handed over: its capacity kept from call to call, per thread.
-  thread_local tensor_report report;
-  thread_local std::vector<stats> entries;
+  scratch_lease scratch;
+  tensor_report& report = scratch->report;
+  std::vector<stats>& entries = scratch->entries;
   const caller_executor pool(call);
   const options opt{static_cast<on_nonfinite>(call.nonfinite),
                     call.epsilon,

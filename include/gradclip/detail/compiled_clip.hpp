@@ -52,14 +52,15 @@ struct library_callbacks {
   }
 };
 
-/// compiled::group::each for a range of gradients of type Grads.
+/// compiled::group::each for a range of gradients of type Grads, which the library clips.
 template <class Grads>
 void each_library_view(const void* gradients, void (*take)(void*, const compiled::view&), void* sink) {
   for (auto& g : *static_cast<Grads*>(const_cast<void*>(gradients)))
     visit_gradient(g, [&](const auto& v) {
-      using T = std::remove_const_t<typename std::decay_t<decltype(v)>::element_type>;
-      take(sink, {const_cast<T*>(v.data), static_cast<unsigned char>(element_traits<T>::tag), v.inner_size,
-                  v.inner_stride, v.outer_size, v.outer_stride});
+      using T = typename std::decay_t<decltype(v)>::element_type;
+      static_assert(!std::is_const_v<T>, "Clipping modifies the gradient in place, so it cannot be const.");
+      take(sink, {v.data, static_cast<unsigned char>(element_traits<T>::tag), v.inner_size, v.inner_stride,
+                  v.outer_size, v.outer_stride});
     });
 }
 
