@@ -8,10 +8,14 @@
 #include <gradclip/detail/reduce.hpp>
 #include <gradclip/detail/scale.hpp>
 #include <gradclip/detail/simd.hpp>
+#include <gradclip/pipeline.hpp>
 
 #include <Eigen/Core>
 
 #include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
 
 namespace gradclip::compiled {
 namespace {
@@ -117,6 +121,155 @@ std::size_t kernels::spam_unclear(const T* g, const V* v, std::size_t m, double 
 
 bool kernels::spam_unclear_one(double x, double w, double theta) noexcept {
   return detail::portable::spam_unclear_one(x, w, theta);
+}
+
+// ---- clip_group: the pipeline of detail::clip on the caller's group ----
+
+namespace {
+
+/// f(strided_view<T>) for the view's element type T (const T when Const).
+template <bool Const, class F>
+void with_view(const view& v, F&& f) {
+  const auto typed = [&](auto* data) {
+    using T = std::remove_pointer_t<decltype(data)>;
+    f(detail::strided_view<std::conditional_t<Const, const T, T>>{data, v.inner_size, v.inner_stride, v.outer_size,
+                                                                  v.outer_stride});
+  };
+  switch (static_cast<dtype>(v.type)) {
+    case dtype::float16:
+      return typed(static_cast<Eigen::half*>(v.data));
+    case dtype::bfloat16:
+      return typed(static_cast<Eigen::bfloat16*>(v.data));
+    case dtype::float32:
+      return typed(static_cast<float*>(v.data));
+    case dtype::float64:
+      break;
+  }
+  typed(static_cast<double*>(v.data));
+}
+
+/// The caller's group as the pipeline's layout of one unit (whole_group, pipeline.hpp), cut into the same
+/// pieces in the same order, so every result is the header-only one bit for bit.
+template <bool Const>
+struct caller_group {
+  const group& grads;
+
+  static constexpr bool single_unit = true;
+  std::size_t units() const noexcept { return 1; }
+  std::size_t tensor_count() const noexcept { return grads.count; }
+  template <class F>
+  void for_each_piece(F&& f) const {
+    std::size_t k = 0;
+    auto take = [&](const view& v) {
+      with_view<Const>(v, [&](const auto& typed) { detail::cut_into_pieces(typed, 0, k, f); });
+      ++k;
+    };
+    grads.each(
+        grads.gradients, [](void* sink, const view& v) { (*static_cast<decltype(take)*>(sink))(v); }, &take);
+  }
+};
+
+}  // namespace
+}  // namespace gradclip::compiled
+
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
+template <bool Const>
+struct interleaves<compiled::caller_group<Const>> : std::false_type {};  // each piece is one unit
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip
+
+namespace gradclip::compiled {
+namespace {
+
+/// The caller's executor, run through its callback.
+class caller_executor final : public executor {
+ public:
+  explicit caller_executor(const settings& call) noexcept : call_(call) {}
+  void run(unsigned count, const std::function<void(unsigned)>& job) const override {
+    using job_type = std::function<void(unsigned)>;
+    call_.run_pool(
+        call_.pool, count, [](void* context, unsigned k) { (*static_cast<const job_type*>(context))(k); },
+        std::make_shared<job_type>(job));
+  }
+
+ private:
+  const settings& call_;
+};
+
+/// Where a call fills the report it hands over: kept from call to call on each thread, so steady-state
+/// steps allocate nothing, unless a call on this thread is still using it (one nested in an executor).
+struct report_scratch {
+  tensor_report report;
+  std::vector<stats> entries;
+  bool busy = false;
+};
+
+class scratch_lease {
+ public:
+  scratch_lease() : scratch_(kept().busy ? own_ : kept()) { scratch_.busy = true; }
+  ~scratch_lease() { scratch_.busy = false; }
+  scratch_lease(const scratch_lease&) = delete;
+  scratch_lease& operator=(const scratch_lease&) = delete;
+  report_scratch* operator->() noexcept { return &scratch_; }
+
+ private:
+  static report_scratch& kept() {
+    thread_local report_scratch scratch;
+    return scratch;
+  }
+  report_scratch own_;
+  report_scratch& scratch_;
+};
+
+template <class Policy>
+outcome clip_with(const settings& call, const group& grads, double max_norm) {
+  scratch_lease scratch;
+  tensor_report& report = scratch->report;
+  std::vector<stats>& entries = scratch->entries;
+  const caller_executor pool(call);
+  const options opt{static_cast<on_nonfinite>(call.nonfinite),
+                    call.epsilon,
+                    norm_type{call.norm},
+                    call.threads,
+                    call.pool ? &pool : nullptr,
+                    call.report ? &report : nullptr};
+  const caller_group<false> layout{grads};
+  try {
+    const clip_result r =
+        detail::run_units(
+            call.function, layout, detail::fixed_threshold{max_norm}, opt,
+            [&] { return detail::unit_parts<true>(detail::reduce_units<Policy>(caller_group<true>{grads}, opt)[0]); },
+            [&](const auto& plans) { detail::apply_units<Policy>(layout, plans, opt); })[0]
+            .result;
+    if (call.report) {
+      entries.clear();
+      for (const tensor_stats& t : report)
+        entries.push_back({t.norm, t.max_abs, t.size, t.nan, t.inf, t.zeros, t.subnormals});
+      call.deliver(call.report, entries.data(), entries.size());
+    }
+    return {r.norm, r.coefficient, r.clipped, r.finite, r.threshold, r.skip, false, 0, 0, 0};
+  } catch (const nonfinite_error& e) {
+    return {e.norm, 1.0, false, false, 0.0, false, true, e.tensor, e.nan, e.inf};
+  }
+}
+
+}  // namespace
+
+outcome clip_group(policy rule, const settings& call, const group& grads, double max_norm) {
+  switch (rule) {
+    case policy::naive:
+      return clip_with<naive>(call, grads, max_norm);
+    case policy::promote:
+      return clip_with<promote>(call, grads, max_norm);
+    case policy::max_scale:
+      return clip_with<max_scale>(call, grads, max_norm);
+    case policy::robust:
+      break;
+  }
+  return clip_with<robust>(call, grads, max_norm);
 }
 
 // Every combination the headers reach: the four element types, with the accumulators and compute types

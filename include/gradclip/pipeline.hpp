@@ -21,6 +21,9 @@
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/policies.hpp>
 #include <gradclip/report.hpp>
+#if defined(GRADCLIP_COMPILED)
+#include <gradclip/detail/compiled_clip.hpp>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -164,6 +167,13 @@ struct gradient_units {
     }
   }
 };
+
+/// Whether a layout's pieces may interleave units: not a range of gradients' (each piece is one unit), so
+/// calls on gradients instantiate no column kernels (issue 26).
+template <class Layout>
+struct interleaves : std::true_type {};
+template <class Grads, bool PerGradient>
+struct interleaves<gradient_units<Grads, PerGradient>> : std::false_type {};
 
 template <class Grads>
 using whole_group = gradient_units<Grads, false>;
@@ -430,10 +440,12 @@ unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, con
           counts ? reduce_view<Policy>(p.view, order, observer) : reduce_view<Policy>(p.view, order);
       return sink(&part, 1);
     }
-    std::vector<partial_norm> columns(p.units());
-    reduce_columns<Policy>(p, order, columns.data());
-    if (counts) p.view.for_each_run([&](const auto* q, std::size_t n) { observer(q, n); });
-    sink(columns.data(), columns.size());
+    if constexpr (interleaves<Layout>::value) {
+      std::vector<partial_norm> columns(p.units());
+      reduce_columns<Policy>(p, order, columns.data());
+      if (counts) p.view.for_each_run([&](const auto* q, std::size_t n) { observer(q, n); });
+      sink(columns.data(), columns.size());
+    }
   };
   // Merges piece p's parts (its census is already in the report's current gradient).
   const auto merge = [&](const auto& p, const partial_norm* piece_parts, std::size_t count) {
@@ -710,7 +722,8 @@ void apply_units(const Layout& layout, const Plans& plans, const options& opt) {
   const auto scale_piece = [&](const auto& p) {
     using T = typename std::decay_t<decltype(p.view)>::element_type;
     static_assert(!std::is_const_v<T>, "Clipping modifies the gradient in place, so it cannot be const.");
-    if (p.interleaved && scale_columns<Policy>(p, plans, values)) return;
+    if constexpr (interleaves<Layout>::value)
+      if (p.interleaved && scale_columns<Policy>(p, plans, values)) return;
     for (std::size_t u = 0; u < p.units(); ++u) {
       if (!plans[p.unit + u].result.clipped) continue;
       const strided_view<T> unit =
@@ -789,7 +802,15 @@ clip_result clip(const char* function, Grads& grads, const Source& source, const
 /// The pipeline on the group's own norm.
 template <class Policy, class Grads, class Source>
 clip_result clip(const char* function, Grads& grads, const Source& source, const options& opt) {
-  return clip<Policy>(function, grads, source, opt, [&] { return reduce<Policy>(grads, opt); });
+#if defined(GRADCLIP_COMPILED)
+  if constexpr (std::is_same_v<Source, fixed_threshold>) {  // the library runs it (compiled_clip.hpp)
+    check_group<Grads&>();
+    return library_clip<Policy>(function, grads, source.max_norm, opt);
+  } else
+#endif
+  {
+    return clip<Policy>(function, grads, source, opt, [&] { return reduce<Policy>(grads, opt); });
+  }
 }
 
 /// The pipeline on the group's own norm up to the plan: the clip_result clip would return, nothing written.

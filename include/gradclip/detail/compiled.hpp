@@ -14,6 +14,7 @@
 #include <Eigen/Core>
 
 #include <cstddef>
+#include <memory>
 #include <type_traits>
 
 namespace gradclip {
@@ -56,6 +57,65 @@ void multiply_with_tail(double* p, std::size_t n, double mantissa, int exponent,
 /// p[i] <- p[i] * c computed in Compute, rounded once to T (detail::multiply_run).
 template <class Compute, class T>
 void multiply(T* p, std::size_t n, Compute c) noexcept;
+
+// ---- The clipping pipeline of a group under one fixed threshold (clip_by_norm, clip_by_global_norm) ----
+
+/// A gradient as the library reads it: a strided_view's fields, and its element type as a gradclip::dtype.
+struct view {
+  void* data;
+  unsigned char type;
+  std::size_t inner_size;
+  std::ptrdiff_t inner_stride;
+  std::size_t outer_size;
+  std::ptrdiff_t outer_stride;
+};
+
+/// A group of `count` gradients: each(gradients, take, sink) calls take(sink, view) for every one, in order.
+struct group {
+  const void* gradients;
+  std::size_t count;
+  void (*each)(const void* gradients, void (*take)(void* sink, const view& v), void* sink);
+};
+
+/// One gradient's tensor_stats (report.hpp).
+struct stats {
+  double norm, max_abs;
+  std::size_t size, nan, inf, zeros, subnormals;
+};
+
+/// A call's options (options.hpp). The caller's executor and report stay the caller's: the library runs
+/// its jobs through run_pool(pool, count, job, context), job(context.get(), k) running job k (an executor
+/// may keep a job after run() returns: `context` owns its state), and hands over the finished report
+/// through deliver(report, stats, n) once the call can no longer throw.
+struct settings {
+  const char* function;
+  int nonfinite;
+  double epsilon;
+  double norm;
+  unsigned threads;
+  const void* pool;
+  void (*run_pool)(const void* pool, unsigned count, void (*job)(void* context, unsigned k),
+                   const std::shared_ptr<void>& context);
+  void* report;
+  void (*deliver)(void* report, const stats* entries, std::size_t n);
+};
+
+/// A clip_result's fields; `failed` when the call threw nonfinite_error (options::nonfinite is error),
+/// with that error's fields.
+struct outcome {
+  double norm, coefficient;
+  bool clipped, finite;
+  double threshold;
+  bool skip;
+  bool failed;
+  std::size_t tensor, nan, inf;
+};
+
+/// The policies of policies.hpp.
+enum class policy : unsigned char { naive, promote, max_scale, robust };
+
+/// The pipeline of detail::clip (pipeline.hpp) on `grads` with the fixed threshold `max_norm`.
+outcome clip_group(policy rule, const settings& call, const group& grads, double max_norm);
 
 /// What with_isa hands its function in compiled mode: the kernels that front-ends call by name, each
 /// dispatching to the best instruction set inside the library (kernels.inc has their contracts).
