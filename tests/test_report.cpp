@@ -594,4 +594,53 @@ TEST(ClipCoefficient, SingleGradientsBuffersAndBracedLists) {
   EXPECT_EQ(report[1].size, 2u);
 }
 
+// A gradient of several pieces (more than detail::piece_elements elements) gets one entry from all of
+// them: the norm it has alone (its parts merged in the same order) and the census of every piece, its
+// largest magnitude or NaN coming from later pieces; gradients without elements around it get empty entries.
+TEST(Report, GradientOfSeveralPiecesCountsEveryPiece) {
+  const std::size_t piece = gradclip::detail::piece_elements;
+  for (bool nan : {false, true}) {
+    for (unsigned threads : {1u, 2u}) {
+      SCOPED_TRACE(std::to_string(threads) + " threads, " + (nan ? "with" : "without") + " NaN");
+      std::mt19937_64 rng(gradclip_test::seed);
+      std::vector<float> big = gradclip_test::random_gradient<float>(2 * piece + 3, rng);
+      for (float& x : big)
+        if (!std::isnormal(x)) x = 1.0f;  // only the zero and the subnormal below
+      big[5] = 0.0f;                      // first piece: a zero and a subnormal
+      big[6] = std::numeric_limits<float>::denorm_min();
+      big[piece + 1] = -1e30f;                                                // second piece: the largest magnitude
+      if (nan) big[2 * piece + 1] = std::numeric_limits<float>::quiet_NaN();  // third piece
+      const std::vector<std::vector<float>> grads{{}, big, {}, {1.0f, -2.0f}};
+      gradclip::tensor_report report;
+      gradclip::options opt;
+      opt.threads = threads;
+      opt.report = &report;
+      (void)gradclip::global_norm(grads, opt);
+      ASSERT_EQ(report.size(), 4u);
+      gradclip::options alone;
+      alone.threads = threads;
+      const double expected = gradclip::global_norm(std::vector<std::vector<float>>{big}, alone);
+      if (nan) {
+        EXPECT_TRUE(std::isnan(report[1].norm));
+        EXPECT_TRUE(std::isnan(report[1].max_abs));
+      } else {
+        EXPECT_EQ(std::memcmp(&report[1].norm, &expected, sizeof(double)), 0);
+        EXPECT_EQ(report[1].max_abs, static_cast<double>(1e30f));
+      }
+      EXPECT_EQ(report[1].size, big.size());
+      EXPECT_EQ(report[1].nan, nan ? 1u : 0u);
+      EXPECT_EQ(report[1].inf, 0u);
+      EXPECT_EQ(report[1].zeros, 1u);
+      EXPECT_EQ(report[1].subnormals, 1u);
+      for (std::size_t k : {std::size_t{0}, std::size_t{2}}) {
+        EXPECT_EQ(report[k].size, 0u);
+        EXPECT_EQ(report[k].norm, 0.0);
+        EXPECT_EQ(report[k].max_abs, 0.0);
+      }
+      EXPECT_EQ(report[3].norm, std::sqrt(5.0));
+      EXPECT_EQ(report[3].max_abs, 2.0);
+    }
+  }
+}
+
 }  // namespace

@@ -68,9 +68,9 @@ struct partial_norm {
 
   /// Adds another part of the same norm. Commutative bit for bit; for three parts or more, each merge
   /// rounds `sum` once. The element counts add.
-  void merge(const partial_norm& other) noexcept {
+  [[gnu::always_inline]] void merge(const partial_norm& other) noexcept {
     const std::uint64_t count = elements + other.elements;
-    merge_values(other);
+    if (!merged_at_one_scale(other)) *this = merged_values(*this, other);
     elements = count;
   }
 
@@ -180,19 +180,30 @@ struct partial_norm {
     return from_reduction(max_exponent, std::ldexp(top, 64 - 94 - shift), order);
   }
 
-  /// merge without the element counts.
+  /// merge's common case, inline: finite parts of one sum at one scale (or an empty other part), whose
+  /// total is finite. False, and nothing changed, otherwise.
+  bool merged_at_one_scale(const partial_norm& other) noexcept {
+    if (!(finite && other.finite && other.p == p && other.exponent == exponent)) return false;
+    if (other.sum == 0.0) return true;
+    if (detail::norm_kind{p}.merges_by_maximum()) return false;
+    const double total = sum + other.sum;
+    if (std::isinf(total)) return false;
+    low = rounding_error(sum, other.sum, total) + (low + other.low);
+    sum = total;
+    return true;
+  }
+
+  /// merge without the element counts, on copies, and not inlined: merge stays small enough to inline, and
+  /// a part merged in a loop is never addressed, so the compiler can keep it in registers.
+  [[gnu::noinline]] static partial_norm merged_values(partial_norm mine, const partial_norm& other) noexcept {
+    mine.merge_values(other);
+    return mine;
+  }
+
+  /// merge without the element counts, the parts at any scale.
   void merge_values(const partial_norm& other) noexcept {
     if (finite && other.finite && other.p == p) {
       if (other.sum == 0.0) return;
-      const bool by_sum = !detail::norm_kind{p}.merges_by_maximum();
-      if (other.exponent == exponent && by_sum) {  // the common case: parts at one scale
-        const double total = sum + other.sum;
-        if (!std::isinf(total)) {
-          low = rounding_error(sum, other.sum, total) + (low + other.low);
-          sum = total;
-          return;
-        }
-      }
       const partial_norm before = *this;
       add(other);
       // Parts built without scaling (near double's maximum) can overflow together; normalized parts

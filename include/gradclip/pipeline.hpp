@@ -300,14 +300,22 @@ struct is_single_unit : std::false_type {};
 template <class Layout>
 struct is_single_unit<Layout, std::enable_if_t<Layout::single_unit>> : std::true_type {};
 
-/// The partial norm of a piece that is one unit.
-template <class Policy, class T, class Observe = no_observer>
-partial_norm reduce_view(const strided_view<T>& view, double order, Observe&& observe = {}) {
-  if (view.outer_size == 1 && view.inner_stride == 1)
-    return reduce_run<Policy>(view.data, view.inner_size, order, observe);
+/// The partial norm of a piece that is one unit and not one contiguous run.
+template <class Policy, class T, class Observe>
+partial_norm reduce_runs(const strided_view<T>& view, double order, Observe&& observe) {
   partial_norm part{0, 0.0, true, order};
   view.for_each_run([&](const auto* p, std::size_t n) { part.merge(reduce_run<Policy>(p, n, order, observe)); });
   return part;
+}
+
+/// The partial norm of a piece that is one unit. Always inlined, as reduce_run is: a short contiguous
+/// gradient is summed in the caller's loop.
+template <class Policy, class T, class Observe = no_observer>
+[[gnu::always_inline]] inline partial_norm reduce_view(const strided_view<T>& view, double order,
+                                                       Observe&& observe = {}) {
+  if (view.outer_size == 1 && view.inner_stride == 1)
+    return reduce_run<Policy>(view.data, view.inner_size, order, observe);
+  return reduce_runs<Policy>(view, order, observe);
 }
 
 /// The robust L2 parts of the interleaved units of a piece, out[u] for u < piece.units(): each unit summed
@@ -359,9 +367,11 @@ void reduce_columns(const piece<T>& p, double order, partial_norm* out) {
 }
 
 /// Merges the parts of one piece into the units' parts, and into its tensor's part when `tensors` is given.
+/// Always inlined: a loop over many small pieces keeps its parts' common merges inline (partial_norm::merge).
 template <class Parts>
-void merge_piece(Parts& parts, std::vector<partial_norm>* tensors, std::size_t first, std::size_t tensor,
-                 const partial_norm* piece_parts, std::size_t count, double order) {
+[[gnu::always_inline]] inline void merge_piece(Parts& parts, std::vector<partial_norm>* tensors, std::size_t first,
+                                               std::size_t tensor, const partial_norm* piece_parts, std::size_t count,
+                                               double order) {
   for (std::size_t u = 0; u < count; ++u) parts[first + u].merge(piece_parts[u]);
   if (!tensors) return;
   if (tensors->size() <= tensor) tensors->resize(tensor + 1, partial_norm{0, 0.0, true, order});
@@ -375,49 +385,101 @@ struct reports_tensors : std::false_type {};
 template <class Layout>
 struct reports_tensors<Layout, std::void_t<decltype(std::declval<const Layout&>().tensor_count())>> : std::true_type {};
 
-/// Writes a call's staged report in piece order, which is gradient order: each gradient's parts and census
-/// are gathered while its pieces come, and its entry is written once, when the pieces move on to a later
-/// gradient or at finish(); a gradient without pieces gets an empty entry. No pass over the entries
-/// beforehand or afterwards, so a report of many small gradients costs little more than their census.
+/// Writes a call's staged report in piece order, which is gradient order: each piece's parts and census
+/// complete its gradient's entry as they come, so that a gradient of one piece (every small one) is
+/// written once, with no pass over the entries beforehand or afterwards; a gradient without pieces gets an
+/// empty entry. A report of many small gradients then costs little more than their census.
 class report_writer {
  public:
   report_writer(tensor_report& report, std::size_t tensors, double order)
-      : stats_(report_staging::stats(report)), parts_(report_staging::parts(report)), order_(order) {
+      : stats_(report_staging::stats(report)), parts_(report_staging::parts(report)), kind_(order), order_(order) {
     report_staging::stage(report, tensors);
   }
-  /// The census of gradient k, after writing the entries before it (k never decreases).
-  census& gradient(std::size_t k) noexcept {
-    while (next_ < k) write();
-    return counts_;
+  /// Adds a piece of gradient k (k never decreases): its parts, of the call's kind, and its census.
+  void add(std::size_t k, const partial_norm* piece_parts, std::size_t count, const census& counts) noexcept {
+    if (k + 1 == written_) return add_to_last(piece_parts, count, counts);
+    while (written_ < k) write(written_++, {0, 0.0, true, order_}, {});
+    partial_norm part{0, 0.0, true, order_};
+    for (std::size_t u = 0; u < count; ++u) part.merge(piece_parts[u]);
+    write(written_++, part, counts);
   }
-  /// Merges parts of the current gradient (gradient(k)'s).
-  void add_parts(const partial_norm* piece_parts, std::size_t count) noexcept {
-    for (std::size_t u = 0; u < count; ++u) part_.merge(piece_parts[u]);
-  }
+  /// Writes the empty entries of the gradients after the last piece.
   void finish() noexcept {
-    while (next_ < stats_.size()) write();
+    while (written_ < stats_.size()) write(written_++, {0, 0.0, true, order_}, {});
   }
 
  private:
-  void write() noexcept {
-    tensor_stats& t = stats_[next_];
-    t.norm = part_.norm();
-    t.max_abs = counts_.nan ? std::numeric_limits<double>::quiet_NaN() : counts_.max_abs;
-    t.size = counts_.size, t.nan = counts_.nan, t.inf = counts_.inf;
-    t.zeros = counts_.zeros, t.subnormals = counts_.subnormals;
-    parts_[next_] = part_;
-    ++next_;
-    part_ = {0, 0.0, true, order_};
-    counts_ = {};
+  void write(std::size_t k, const partial_norm& part, const census& counts) noexcept {
+    tensor_stats& t = stats_[k];
+    // part.norm(), with the kind's decisions taken once for the call
+    t.norm = part.finite && part.sum > 0.0 ? kind_.root_value(part.sum, part.low, part.exponent, part.elements)
+                                           : norm_of(part);
+    t.max_abs = counts.nan ? std::numeric_limits<double>::quiet_NaN() : counts.max_abs;
+    t.size = counts.size, t.nan = counts.nan, t.inf = counts.inf;
+    t.zeros = counts.zeros, t.subnormals = counts.subnormals;
+    // Field by field: a copy of the whole part is assembled on the stack from registers and read back
+    // wide, which stalls on the narrow stores (store forwarding) once per gradient.
+    partial_norm& out = parts_[k];
+    out.exponent = part.exponent, out.sum = part.sum, out.finite = part.finite, out.p = part.p;
+    out.low = part.low, out.elements = part.elements;
+  }
+  /// part.norm() on a copy, not inlined: the part written stays in registers.
+  [[gnu::noinline]] static double norm_of(partial_norm part) noexcept { return part.norm(); }
+  /// Another piece of the gradient written last (one of more than piece_elements elements): its entry
+  /// rewritten from the parts and census so far.
+  void add_to_last(const partial_norm* piece_parts, std::size_t count, const census& counts) noexcept {
+    const std::size_t k = written_ - 1;
+    const tensor_stats& t = stats_[k];
+    census total{t.size, t.nan, t.inf, t.zeros, t.subnormals, t.max_abs};  // a NaN max_abs stays: nan > 0
+    total.merge(counts);
+    partial_norm part = parts_[k];
+    for (std::size_t u = 0; u < count; ++u) part.merge(piece_parts[u]);
+    write(k, part, total);
   }
 
   std::vector<tensor_stats>& stats_;
   std::vector<partial_norm>& parts_;
+  norm_kind kind_;
   double order_;
-  std::size_t next_ = 0;
-  partial_norm part_{0, 0.0, true, order_};
-  census counts_;
+  std::size_t written_ = 0;
 };
+
+/// Reduces piece p to the parts of its units, counting its elements into `counts` when reporting (in the
+/// same pass as the norm where it can: reduce_run), and hands them to sink(parts, count). Always inlined,
+/// as reduce_view is. Interleaves false (a layout of gradients): no piece interleaves, and no column kernel
+/// is instantiated.
+template <class Policy, bool Interleaves, class T, class Sink>
+[[gnu::always_inline]] inline void reduce_piece(const piece<T>& p, double order, census* counts, Sink&& sink) {
+  const census_observer observer{counts};
+  if (!p.interleaved) {
+    const partial_norm part =
+        counts ? reduce_view<Policy>(p.view, order, observer) : reduce_view<Policy>(p.view, order);
+    return sink(&part, 1);
+  }
+  if constexpr (Interleaves) {
+    std::vector<partial_norm> columns(p.units());
+    reduce_columns<Policy>(p, order, columns.data());
+    if (counts) p.view.for_each_run([&](const auto* q, std::size_t n) { observer(q, n); });
+    sink(columns.data(), columns.size());
+  }
+}
+
+/// The reduction on one thread: each piece's parts merged into the units' `parts` (and `tensors`, see
+/// merge_piece) as they come, and, when Reporting, counted and added to the report. Nothing else per
+/// piece, as many small gradients make many pieces; not inlined, so that the compiler inlines the short
+/// runs' sums and the merges into its loop instead (a call per piece would spill the parts).
+template <class Policy, bool Reporting, class Layout, class Parts>
+[[gnu::noinline]] void merge_pieces(const Layout& layout, double order, Parts& parts,
+                                    std::vector<partial_norm>* tensors, report_writer* report) {
+  layout.for_each_piece([&](const auto& p) {
+    census counts;
+    reduce_piece<Policy, interleaves<Layout>::value>(
+        p, order, Reporting ? &counts : nullptr, [&](const partial_norm* piece_parts, std::size_t count) {
+          merge_piece(parts, tensors, p.unit, p.tensor, piece_parts, count, order);
+          if constexpr (Reporting) report->add(p.tensor, piece_parts, count, counts);
+        });
+  });
+}
 
 /// The parts of every unit of the layout, of kind options::norm, each merged in piece order; with
 /// `tensors`, also each gradient's own part (tensors[k] for the pieces of gradient k, merged in the same
@@ -432,47 +494,29 @@ unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, con
   std::optional<report_writer> report;
   if constexpr (reports_tensors<Layout>::value)
     if (opt.report) report.emplace(*opt.report, layout.tensor_count(), order);
-  // Reduces piece p, counting its elements into `counts` when reporting.
-  const auto reduce_one = [&](const auto& p, census* counts, auto&& sink) {
-    const census_observer observer{counts};  // counted in the same pass as the norm where it can (reduce_run)
-    if (!p.interleaved) {
-      const partial_norm part =
-          counts ? reduce_view<Policy>(p.view, order, observer) : reduce_view<Policy>(p.view, order);
-      return sink(&part, 1);
-    }
-    if constexpr (interleaves<Layout>::value) {
-      std::vector<partial_norm> columns(p.units());
-      reduce_columns<Policy>(p, order, columns.data());
-      if (counts) p.view.for_each_run([&](const auto* q, std::size_t n) { observer(q, n); });
-      sink(columns.data(), columns.size());
-    }
-  };
-  // Merges piece p's parts (its census is already in the report's current gradient).
-  const auto merge = [&](const auto& p, const partial_norm* piece_parts, std::size_t count) {
-    merge_piece(parts, tensors, p.unit, p.tensor, piece_parts, count, order);
-    if (report) report->add_parts(piece_parts, count);
-  };
   unsigned threads = 1;
   const auto pieces = pieces_for_threads<true>(layout, opt.threads, threads);
   if (threads <= 1) {
-    layout.for_each_piece([&](const auto& p) {
-      reduce_one(p, report ? &report->gradient(p.tensor) : nullptr,
-                 [&](const partial_norm* piece_parts, std::size_t count) { merge(p, piece_parts, count); });
-    });
+    if (report)
+      merge_pieces<Policy, true>(layout, order, parts, tensors, &*report);
+    else
+      merge_pieces<Policy, false>(layout, order, parts, tensors, nullptr);
   } else {
     std::vector<std::vector<partial_norm>> results(pieces.size());
     std::vector<census> counts(report ? pieces.size() : 0);
     run_pieces(pieces, threads, opt.pool, [&](std::size_t i) {
       pieces[i].visit([&](const auto& p) {
-        reduce_one(p, report ? &counts[i] : nullptr, [&](const partial_norm* piece_parts, std::size_t count) {
-          results[i].assign(piece_parts, piece_parts + count);
-        });
+        reduce_piece<Policy, interleaves<Layout>::value>(p, order, report ? &counts[i] : nullptr,
+                                                         [&](const partial_norm* piece_parts, std::size_t count) {
+                                                           results[i].assign(piece_parts, piece_parts + count);
+                                                         });
       });
     });
+    // Merged in piece order, as on one thread.
     for (std::size_t i = 0; i < pieces.size(); ++i)
       pieces[i].visit([&](const auto& p) {
-        if (report) report->gradient(p.tensor).merge(counts[i]);
-        merge(p, results[i].data(), results[i].size());
+        merge_piece(parts, tensors, p.unit, p.tensor, results[i].data(), results[i].size(), order);
+        if (report) report->add(p.tensor, results[i].data(), results[i].size(), counts[i]);
       });
   }
   if (report) report->finish();

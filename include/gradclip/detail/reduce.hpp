@@ -219,48 +219,39 @@ inline partial_norm compensated_sum_squares(const double* p, std::size_t n) noex
 #endif
 
 /// The squares of a short run summed in FP64 directly: exact squares for FP32 and narrower elements, so at
-/// least as accurate as the kernels, and overflow-free. seen(i) follows the read of each element i.
-template <class T, class Seen>
-inline partial_norm short_sum_squares(const T* p, std::size_t n, Seen&& seen) noexcept {
+/// least as accurate as the kernels, and overflow-free. Always inlined (here and below), as reduce_run is.
+template <class T>
+[[gnu::always_inline]] inline partial_norm short_sum_squares(const T* p, std::size_t n) noexcept {
+  static_assert(sizeof(std::remove_const_t<T>) <= 4, "squares exact in FP64, whether or not contracted into FMA");
   double even = 0, odd = 0;
   std::size_t i = 0;
   for (; i + 2 <= n; i += 2) {
     const double x = widen<double>(p[i]), y = widen<double>(p[i + 1]);
     even += x * x;
     odd += y * y;
-    seen(i);
-    seen(i + 1);
   }
-  if (i < n) {
-    even += widen<double>(p[i]) * widen<double>(p[i]);
-    seen(i);
-  }
+  if (i < n) even += widen<double>(p[i]) * widen<double>(p[i]);
   return unscaled_part(even + odd);
 }
 
+/// short_sum_squares, adding the run's census to `counts`: a second look at the run (in L1) keeps only
+/// the largest and least magnitude, and add_short_census counts the run again only where those say it
+/// holds zeros, subnormals, Inf or NaN.
 template <class T>
-inline partial_norm short_sum_squares(const T* p, std::size_t n) noexcept {
-  return short_sum_squares(p, n, [](std::size_t) {});
-}
-
-/// short_sum_squares, adding the run's census to `counts` from the same read: the loop keeps only the
-/// largest and least magnitude, and add_short_census counts the run again only where those say it holds
-/// zeros, subnormals, Inf or NaN. The same bits as short_sum_squares: squares of FP32 and narrower
-/// elements are exact in FP64, so no contraction into FMA can change them.
-template <class T>
-inline partial_norm counted_short_sum_squares(const T* p, std::size_t n, census& counts) noexcept {
+[[gnu::always_inline]] inline partial_norm counted_short_sum_squares(const T* p, std::size_t n,
+                                                                     census& counts) noexcept {
   using element = std::remove_const_t<T>;
   using bits = float_bits<element>;
   using I = typename bits::type;
-  static_assert(sizeof(element) <= 4, "squares exact in FP64");
+  const partial_norm part = short_sum_squares(p, n);
   I top = 0, low = bits::mask;
-  const partial_norm part = short_sum_squares(p, n, [&](std::size_t i) {
+  for (std::size_t i = 0; i < n; ++i) {
     I x;
     std::memcpy(&x, p + i, sizeof x);
     const I magnitude = static_cast<I>(x & bits::mask);
     top = std::max(top, magnitude);
     low = std::min(low, magnitude);
-  });
+  }
   if (low < bits::min_normal || top >= bits::inf) {
     add_short_census(counts, p, n);
   } else {
@@ -284,8 +275,11 @@ inline partial_norm sequential_sum_squares(const T* p, std::size_t n) noexcept {
 /// (the same under every policy) for other p.
 /// observe(chunk, m) sees every element once, after the reduction read it: in chunks while they are in
 /// cache on the L2 sum-of-squares path, all at once after the other paths.
+/// Always inlined, so that a short run (many small gradients) is summed in its caller's loop; the kernels
+/// of longer runs are calls.
 template <class Policy, class T, class Observe = no_observer>
-inline partial_norm reduce_run_kernels(const T* p, std::size_t n, double order, Observe&& observe = {}) noexcept {
+[[gnu::always_inline]] inline partial_norm reduce_run_kernels(const T* p, std::size_t n, double order,
+                                                              Observe&& observe = {}) noexcept {
   static_assert(is_policy_v<Policy>, "The policy must be a row of gradclip::detail::policy_traits.");
   using traits = policy_traits<Policy>;
   using element = std::remove_const_t<T>;
@@ -317,7 +311,8 @@ inline partial_norm reduce_run_kernels(const T* p, std::size_t n, double order, 
 /// reduce_run_kernels' part, of the kind `order` (the sums of squares serve more than L2), covering n
 /// elements.
 template <class Policy, class T, class Observe = no_observer>
-inline partial_norm reduce_run(const T* p, std::size_t n, double order, Observe&& observe = {}) noexcept {
+[[gnu::always_inline]] inline partial_norm reduce_run(const T* p, std::size_t n, double order,
+                                                      Observe&& observe = {}) noexcept {
   partial_norm part = reduce_run_kernels<Policy>(p, n, order, observe);
   part.p = order;
   part.elements = n;
