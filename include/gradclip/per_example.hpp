@@ -13,6 +13,7 @@
 
 #include <Eigen/Core>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <iterator>
@@ -336,7 +337,8 @@ void accumulate_block(const unit_split<T>& split, const std::vector<Weight>& w,
     constexpr std::size_t L = lanes<Acc>;
     for (std::size_t j = j0; j < j1; ++j) {
       const T* column = split.whole.data + static_cast<std::ptrdiff_t>(j) * split.element_stride;
-      Acc lane[L] = {};
+      Acc lane[L];
+      std::fill(lane, lane + L, Acc(-0.0));  // column_dot's start: -0, the identity of addition
       for (std::size_t i = 0; i < examples; ++i)
         if (included[i]) {
           const Acc product = static_cast<Acc>(w[i](column[static_cast<std::ptrdiff_t>(i)]));
