@@ -538,12 +538,13 @@ template <class T>
 using column_acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 /// column_dot's documented sum, written out: products rounded to Acc, unit u added to lane u % (128 bytes
-/// of Acc lanes), the lanes summed halves first, then added to out[c].
+/// of Acc lanes, each starting at -0), the lanes summed halves first, then added to out[c].
 template <class Acc, class T>
 Acc column_dot_reference(const T* column, std::size_t units, const std::vector<Acc>& factor,
                          const std::vector<unsigned char>& keep, Acc out) {
   constexpr std::size_t L = 128 / sizeof(Acc);
-  Acc lane[L] = {};
+  Acc lane[L];
+  std::fill(lane, lane + L, Acc(-0.0));
   for (std::size_t u = 0; u < units; ++u) {
     if (!keep[u]) continue;
     volatile Acc product = static_cast<Acc>(static_cast<Acc>(column[u]) * factor[u]);  // rounded to Acc
@@ -751,6 +752,73 @@ TYPED_TEST(Kernels, AddScaledAddsEachRunInOrder) {
         auto got = start;
         with_isa(target, [&](auto k) { decltype(k)::add_scaled(got.data(), rows.data(), factor.data(), count, n); });
         ASSERT_TRUE(gradclip_test::same_bits(got, expected));
+      }
+    }
+}
+
+// column_squares' documented order, written out: each unit's squares (rounded to Acc) added in Acc over
+// runs of chain<T, Acc> columns from 0, each run's sum carried into FP64. Unit counts past a register tile
+// (the swept path) and past its blocks of units, with strides that leave gaps between the columns.
+TYPED_TEST(Kernels, ColumnSquaresAddEachUnitsChainsInOrderOnEveryTarget) {
+  using T = TypeParam;
+  if constexpr (!std::is_same_v<T, double>) {
+    using Acc = std::conditional_t<sizeof(T) == 2, float, double>;
+    constexpr std::size_t per = gradclip::detail::chain<T, Acc>;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    for (std::size_t units : {1, 31, 64, 65, 96, 130, 2049, 4095, 4129, 8200})
+      for (std::size_t columns : {0, 1, 31, 33, 70}) {
+        const std::size_t stride = units + (units % 3);
+        auto data = random_values<T>(columns * stride + 1, rng, 8.0);
+        if (columns > 3 && units > 2) data[3 * stride + 2] = std::numeric_limits<T>::infinity();  // unit 2 only
+        std::vector<double> expected(units, 0.0);
+        for (std::size_t u = 0; u < units; ++u)
+          for (std::size_t c0 = 0; c0 < columns; c0 += per) {
+            Acc s = 0;
+            for (std::size_t c = c0; c < std::min(columns, c0 + per); ++c) {
+              const Acc v = static_cast<Acc>(data[c * stride + u]);
+              volatile Acc square = v * v;  // rounded to Acc
+              s += square;
+            }
+            expected[u] += static_cast<double>(s);
+          }
+        for (isa target : all_isas()) {
+          SCOPED_TRACE(name_of(target) + " units=" + std::to_string(units) + " columns=" + std::to_string(columns));
+          std::vector<double> got(units, -1);
+          with_isa(target, [&](auto k) {
+            decltype(k)::template column_squares<Acc>(data.data(), units, columns, static_cast<std::ptrdiff_t>(stride),
+                                                      got.data());
+          });
+          ASSERT_TRUE(gradclip_test::same_bits(got, expected));
+        }
+      }
+  }
+}
+
+// column_dot's lanes start at -0, the identity of addition: a column whose every product is -0 adds -0,
+// which leaves a sum of -0 as it is (lanes starting at +0 would turn it into +0).
+TYPED_TEST(Kernels, ColumnDotOfNegativeZeroProductsLeavesTheSumsBits) {
+  using T = TypeParam;
+  using Acc = column_acc<T>;
+  for (std::size_t units : {1, 5, 32, 64, 100, 128})
+    for (bool masked : {false, true}) {
+      const std::size_t columns = 17, stride = units + 1;
+      std::vector<T> data(columns * stride, T(0));
+      const std::vector<Acc> factor(units, Acc(-0.5));  // 0 * -0.5 = -0
+      const std::vector<unsigned char> keep(units, 1);
+      for (isa target : all_isas()) {
+        SCOPED_TRACE(name_of(target) + " units=" + std::to_string(units) + (masked ? " masked" : ""));
+        std::vector<Acc> got(columns, Acc(-0.0));
+        with_isa(target, [&](auto k) {
+          const auto s = static_cast<std::ptrdiff_t>(stride);
+          if (masked)
+            decltype(k)::template column_dot<Acc, true>(data.data(), units, columns, s, factor.data(), keep.data(),
+                                                        got.data());
+          else
+            decltype(k)::template column_dot<Acc, false>(data.data(), units, columns, s, factor.data(), keep.data(),
+                                                         got.data());
+        });
+        for (Acc x : got) ASSERT_TRUE(std::signbit(static_cast<double>(x)) && x == Acc(0));
       }
     }
 }
