@@ -92,7 +92,7 @@ void kernels::column_multiply(T* base, std::size_t units, std::size_t columns, s
 template <class Acc, bool Masked, class T>
 void kernels::column_dot(const T* base, std::size_t units, std::size_t columns, std::ptrdiff_t stride,
                          const Acc* factor, const unsigned char* keep, Acc* out) noexcept {
-  detail::with_isa(detail::best_isa(), [&](auto k) {
+  detail::with_isa(detail::column_dot_isa(), [&](auto k) {
     decltype(k)::template column_dot<Acc, Masked>(base, units, columns, stride, factor, keep, out);
   });
 }

@@ -290,19 +290,6 @@ void with_weights(const std::vector<scaled>& factors, const std::vector<unsigned
   f(w);
 }
 
-/// The instruction set of the interleaved accumulation (column_dot): on AVX-512 CPUs the avx2 kernel,
-/// whose 256-bit operations issue on three ports instead of two. The pass has as many multiplies, adds
-/// and fold shuffles as loads; on the Intel Xeon (model 167) of docs/bench the 512-bit kernel ran it at
-/// 0.73-0.75 of a plain read, the 256-bit one at 0.80-0.82. Every target gives the same bits. In compiled
-/// mode the library chooses.
-inline auto column_dot_isa() noexcept {
-#if defined(GRADCLIP_COMPILED)
-  return best_isa();
-#else
-  return best_isa() == isa::avx512 ? isa::avx2 : best_isa();
-#endif
-}
-
 // Elements of the sum per job of the accumulation: a block of accumulators that stays in L1 cache while
 // every example adds to it.
 inline constexpr std::size_t sum_block = 4096;

@@ -154,6 +154,7 @@ namespace detail {
 /// (simd.hpp) calls f once, with the library's entry points, instead of once per instruction set.
 struct library_isa {};
 inline library_isa best_isa() noexcept { return {}; }
+inline library_isa column_dot_isa() noexcept { return {}; }
 template <class F>
 decltype(auto) with_isa(library_isa, F&& f) {
   return f(compiled::kernels{});
