@@ -555,6 +555,22 @@ Acc column_dot_reference(const T* column, std::size_t units, const std::vector<A
   return out + lane[0];
 }
 
+/// column_dot on `target`, masked (only units whose keep is set) or not, adding into out.
+template <class Acc, class T>
+void run_column_dot(isa target, bool masked, const std::vector<T>& data, std::size_t units, std::size_t columns,
+                    std::size_t stride, const std::vector<Acc>& factor, const std::vector<unsigned char>& keep,
+                    std::vector<Acc>& out) {
+  with_isa(target, [&](auto k) {
+    const auto s = static_cast<std::ptrdiff_t>(stride);
+    if (masked)
+      decltype(k)::template column_dot<Acc, true>(data.data(), units, columns, s, factor.data(), keep.data(),
+                                                  out.data());
+    else
+      decltype(k)::template column_dot<Acc, false>(data.data(), units, columns, s, factor.data(), keep.data(),
+                                                   out.data());
+  });
+}
+
 }  // namespace
 
 TYPED_TEST(Kernels, ColumnDotSumsEachColumnsLanesPairwiseOnEveryTarget) {
@@ -583,15 +599,7 @@ TYPED_TEST(Kernels, ColumnDotSumsEachColumnsLanesPairwiseOnEveryTarget) {
           SCOPED_TRACE(name_of(target) + " units=" + std::to_string(units) + " columns=" + std::to_string(columns) +
                        (masked ? " masked" : ""));
           auto got = start;
-          with_isa(target, [&](auto k) {
-            const auto s = static_cast<std::ptrdiff_t>(stride);
-            if (masked)
-              decltype(k)::template column_dot<Acc, true>(data.data(), units, columns, s, factor.data(), keep.data(),
-                                                          got.data());
-            else
-              decltype(k)::template column_dot<Acc, false>(data.data(), units, columns, s, factor.data(), keep.data(),
-                                                           got.data());
-          });
+          run_column_dot(target, masked, data, units, columns, stride, factor, keep, got);
           ASSERT_TRUE(gradclip_test::same_bits(got, expected));
         }
         // The sum itself, against binary128: each product and each of the few additions rounds once.
@@ -809,15 +817,7 @@ TYPED_TEST(Kernels, ColumnDotOfNegativeZeroProductsLeavesTheSumsBits) {
       for (isa target : all_isas()) {
         SCOPED_TRACE(name_of(target) + " units=" + std::to_string(units) + (masked ? " masked" : ""));
         std::vector<Acc> got(columns, Acc(-0.0));
-        with_isa(target, [&](auto k) {
-          const auto s = static_cast<std::ptrdiff_t>(stride);
-          if (masked)
-            decltype(k)::template column_dot<Acc, true>(data.data(), units, columns, s, factor.data(), keep.data(),
-                                                        got.data());
-          else
-            decltype(k)::template column_dot<Acc, false>(data.data(), units, columns, s, factor.data(), keep.data(),
-                                                         got.data());
-        });
+        run_column_dot(target, masked, data, units, columns, stride, factor, keep, got);
         for (Acc x : got) ASSERT_TRUE(std::signbit(static_cast<double>(x)) && x == Acc(0));
       }
     }
