@@ -935,6 +935,12 @@ struct avx512 {
   // vrangeps and vrangepd (AVX-512DQ) give max(|a|, |b|) or min(|a|, |b|) in one instruction: imm8 bits
   // 1:0 select the larger (11) or smaller (10) magnitude, bits 3:2 = 10 clear its sign.
   struct magnitudes {  // see portable::magnitudes
+    // Without optimization GCC's range intrinsics are macros that pass the mask on as a signed integer,
+    // which -Wsign-conversion reports at the user's call site (as for i64::gather).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-conversion"
+#endif
     static void take(__m512& top, __m512& low, __m512 v) noexcept {
       top = _mm512_maskz_range_ps(0xffff, top, v, 0x0b);
       low = _mm512_maskz_range_ps(0xffff, low, v, 0x0a);
@@ -943,6 +949,9 @@ struct avx512 {
       top = _mm512_maskz_range_pd(0xff, top, v, 0x0b);
       low = _mm512_maskz_range_pd(0xff, low, v, 0x0a);
     }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
     static bool any_below(__m512 v, __m512 x) noexcept { return _mm512_cmp_ps_mask(v, x, _CMP_LT_OQ) != 0; }
     static bool any_below(__m512d v, __m512d x) noexcept { return _mm512_cmp_pd_mask(v, x, _CMP_LT_OQ) != 0; }
     static __m512 max(__m512 a, __m512 b) noexcept { return _mm512_maskz_max_ps(0xffff, a, b); }
