@@ -127,26 +127,12 @@ bool kernels::spam_unclear_one(double x, double w, double theta) noexcept {
 
 namespace {
 
-/// f(strided_view<T>) for the view's element type T (const T when Const).
-template <bool Const, class F>
-void with_view(const view& v, F&& f) {
-  const auto typed = [&](auto* data) {
-    using T = std::remove_pointer_t<decltype(data)>;
-    f(detail::strided_view<std::conditional_t<Const, const T, T>>{data, v.inner_size, v.inner_stride, v.outer_size,
-                                                                  v.outer_stride});
-  };
-  switch (static_cast<dtype>(v.type)) {
-    case dtype::float16:
-      return typed(static_cast<Eigen::half*>(v.data));
-    case dtype::bfloat16:
-      return typed(static_cast<Eigen::bfloat16*>(v.data));
-    case dtype::float32:
-      return typed(static_cast<float*>(v.data));
-    case dtype::float64:
-      break;
-  }
-  typed(static_cast<double*>(v.data));
-}
+/// A caller's view with its element type restored by erased_view::visit_as.
+struct library_view : detail::erased_view {
+  explicit library_view(const view& v) noexcept
+      : erased_view(v.data, static_cast<dtype>(v.type), v.inner_size, v.inner_stride, v.outer_size, v.outer_stride) {}
+  using erased_view::visit_as;
+};
 
 /// The caller's group as the pipeline's layout of one unit (whole_group, pipeline.hpp), cut into the same
 /// pieces in the same order, so every result is the header-only one bit for bit.
@@ -161,7 +147,7 @@ struct caller_group {
   void for_each_piece(F&& f) const {
     std::size_t k = 0;
     auto take = [&](const view& v) {
-      with_view<Const>(v, [&](const auto& typed) { detail::cut_into_pieces(typed, 0, k, f); });
+      library_view(v).visit_as<Const>([&](const auto& typed) { detail::cut_into_pieces(typed, 0, k, f); });
       ++k;
     };
     grads.each(

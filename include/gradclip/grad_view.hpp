@@ -108,6 +108,15 @@ class erased_view {
         inner_stride_(v.inner_stride),
         outer_size_(v.outer_size),
         outer_stride_(v.outer_stride) {}
+  /// A view of `type` elements from a strided_view's fields (the compiled library's plain view).
+  erased_view(void* data, dtype type, std::size_t inner_size, std::ptrdiff_t inner_stride, std::size_t outer_size,
+              std::ptrdiff_t outer_stride) noexcept
+      : data_(data),
+        type_(type),
+        inner_size_(inner_size),
+        inner_stride_(inner_stride),
+        outer_size_(outer_size),
+        outer_stride_(outer_stride) {}
 
   /// Calls f(strided_view<T>) with the element type restored, const when Const.
   template <bool Const, class F>
