@@ -912,11 +912,11 @@ struct avx512 {
     }
     static vec max(vec a, vec b) noexcept {
       if constexpr (sizeof(Bits) == 2)
-        return _mm512_maskz_max_epi16(~__mmask32{0}, a, b);
+        return _mm512_maskz_max_epi16(0xffffffff, a, b);
       else if constexpr (sizeof(Bits) == 4)
-        return _mm512_maskz_max_epi32(~__mmask16{0}, a, b);
+        return _mm512_maskz_max_epi32(0xffff, a, b);
       else
-        return _mm512_maskz_max_epi64(~__mmask8{0}, a, b);
+        return _mm512_maskz_max_epi64(0xff, a, b);
     }
     static std::size_t sum_lanes(vec v) noexcept {
       Bits all[width];
