@@ -7,6 +7,7 @@
 #include <gradclip/adaptive_clip.hpp>
 #include <gradclip/clip.hpp>
 #include <gradclip/group_clip.hpp>
+#include <gradclip/norm.hpp>
 #include <gradclip/per_example.hpp>
 
 #include "paired.hpp"

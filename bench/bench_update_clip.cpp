@@ -6,6 +6,7 @@
 //   list, every tensor clipping on every call in both.
 #include <gradclip/adagc.hpp>
 #include <gradclip/clip.hpp>
+#include <gradclip/norm.hpp>
 #include <gradclip/update_clip.hpp>
 
 #include "paired.hpp"

@@ -17,6 +17,7 @@
 #endif
 #include <gradclip/adagc.hpp>
 #include <gradclip/clip.hpp>
+#include <gradclip/norm.hpp>
 #include <gradclip/update_clip.hpp>
 
 #include <array>

@@ -2,6 +2,7 @@
 // clip_by_global_norm, checkpoints, the tensor count, non-finite steps, the reduction hook and threads.
 #include <gradclip/adagc.hpp>
 #include <gradclip/clip.hpp>
+#include <gradclip/norm.hpp>
 
 #include "element_types.hpp"
 

@@ -1,5 +1,6 @@
 // clip_by_norm and clip_by_value: semantics, non-finite handling, bad input, accuracy and properties.
 #include <gradclip/clip.hpp>
+#include <gradclip/norm.hpp>
 
 #include "element_types.hpp"
 

@@ -299,7 +299,7 @@ TEST(PNormKernelOrders, Fp64L1BeyondDoubleRange) {
   const std::vector<double> g(3000, 1.5e308);
   const partial_norm part = gradclip::detail::power_sum_kernel(g.data(), g.size(), 1.0);
   ASSERT_TRUE(part.finite);
-  const gradclip::detail::scaled norm = part.norm_scaled();
+  const gradclip::detail::scaled norm = gradclip::detail::norm_scaled(part);
   EXPECT_NEAR(std::ldexp(norm.mantissa, norm.exponent - 1100) / (3000 * std::ldexp(1.5e308, -1100)), 1.0, 1e-13);
 }
 

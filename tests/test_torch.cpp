@@ -3,6 +3,7 @@
 // test_torch_ops (GRADCLIP_TORCH_FORCE_OPS=1: every tensor through libtorch's operations, the CUDA path).
 // GRADCLIP_TEST_DEVICE (e.g. cuda) puts the gradients of the shared helpers on that device
 // (scripts/gpu_check.sh).
+#include <gradclip/norm.hpp>
 #include <gradclip/torch.hpp>
 
 #include "reference.hpp"

@@ -5,6 +5,7 @@
 
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/exact_io.hpp>
+#include <gradclip/detail/scaled.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
@@ -12,6 +13,7 @@
 #include <gradclip/policies.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <initializer_list>
@@ -215,7 +217,8 @@ std::vector<clip_result> clip_per_tensor(const char* function, Grads& grads, ada
   }
   if (finite) {  // a step with any non-finite norm never enters the statistics
     std::vector<double> clipped_norms(count);
-    for (std::size_t i = 0; i < count; ++i) clipped_norms[i] = (coefficients[i] * parts[i].norm_scaled()).value();
+    for (std::size_t i = 0; i < count; ++i)
+      clipped_norms[i] = (coefficients[i] * detail::norm_scaled(parts[i])).value();
     controller.update(clipped_norms);
   }
   return results;

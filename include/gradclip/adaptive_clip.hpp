@@ -4,25 +4,19 @@
 
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/scaled.hpp>
-#include <gradclip/detail/strided_view.hpp>
-#include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
 #include <gradclip/tensor_units.hpp>
 
-#include <Eigen/Core>
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace gradclip {
 inline namespace GRADCLIP_ABI {
@@ -62,7 +56,7 @@ struct relative_to_weights {
       const double threshold = clipping * (std::isnan(w_norm) ? w_norm : std::max(w_norm, eps));
       return plan_relative(function, parts[u], scaled{threshold, 0}, opt);
     }
-    return plan_relative(function, parts[u], scaled::of(clipping) * std::max(w.norm_scaled(), scaled::of(eps)), opt);
+    return plan_relative(function, parts[u], scaled::of(clipping) * std::max(norm_scaled(w), scaled::of(eps)), opt);
   }
   void update(std::size_t, const clip_result&) const noexcept {}
   std::string where(const char* function, std::size_t) const { return function; }

@@ -1,7 +1,7 @@
 // AutoClip (Seetharaman et al. 2020, pseeth/autoclip): the threshold is a quantile of recent norms.
 #pragma once
 
-#include <gradclip/controller.hpp>
+#include <gradclip/controller.hpp>  // IWYU pragma: export
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/exact_io.hpp>
 #include <gradclip/options.hpp>

@@ -2,8 +2,9 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/element.hpp>
+#include <gradclip/detail/strided_view.hpp>
 #include <gradclip/grad_view.hpp>
-#include <gradclip/norm.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/pipeline.hpp>

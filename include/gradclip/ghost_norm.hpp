@@ -5,10 +5,12 @@
 
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
-#include <gradclip/detail/reduce.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/per_example.hpp>
+#include <gradclip/pipeline.hpp>
+#include <gradclip/policies.hpp>
+#include <gradclip/tensor_units.hpp>
 
 #include <Eigen/Core>
 

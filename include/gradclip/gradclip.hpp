@@ -2,6 +2,7 @@
 // This umbrella header includes the whole core; mpi.hpp and torch.hpp are included separately.
 #pragma once
 
+// IWYU pragma: begin_exports
 #include <gradclip/adagc.hpp>
 #include <gradclip/adaptive_bound.hpp>
 #include <gradclip/adaptive_clip.hpp>
@@ -22,3 +23,4 @@
 #include <gradclip/update_clip.hpp>
 #include <gradclip/version.hpp>
 #include <gradclip/zclip.hpp>
+// IWYU pragma: end_exports

@@ -4,6 +4,7 @@
 
 #include <gradclip/controller.hpp>
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/dispatch.hpp>
 #include <gradclip/detail/norm_kind.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/grad_view.hpp>
@@ -11,6 +12,7 @@
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
+#include <gradclip/report.hpp>
 
 #include <algorithm>
 #include <cmath>

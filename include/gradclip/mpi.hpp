@@ -9,6 +9,7 @@
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
+#include <gradclip/report.hpp>
 
 #include <mpi.h>
 
@@ -20,6 +21,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace gradclip {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/strided_view.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>

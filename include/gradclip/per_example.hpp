@@ -3,12 +3,17 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/dispatch.hpp>
 #include <gradclip/detail/element.hpp>
+#include <gradclip/detail/numerics.hpp>
+#include <gradclip/detail/policy_traits.hpp>
 #include <gradclip/detail/scaled.hpp>
+#include <gradclip/detail/strided_view.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/pipeline.hpp>
+#include <gradclip/policies.hpp>
 #include <gradclip/tensor_units.hpp>
 
 #include <Eigen/Core>

@@ -10,7 +10,9 @@
 
 #include <gradclip/detail/census.hpp>
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/dispatch.hpp>
 #include <gradclip/detail/norm_kind.hpp>
+#include <gradclip/detail/policy_traits.hpp>
 #include <gradclip/detail/reduce.hpp>
 #include <gradclip/detail/scale.hpp>
 #include <gradclip/detail/scaled.hpp>
@@ -22,15 +24,18 @@
 #include <gradclip/policies.hpp>
 #include <gradclip/report.hpp>
 #if defined(GRADCLIP_COMPILED)
-#include <gradclip/detail/compiled_clip.hpp>
+#include <gradclip/compiled_clip.hpp>
 #endif
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <exception>
 #include <functional>
+#include <iterator>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -247,6 +252,22 @@ std::vector<typename threads_piece<Layout, Const>::type> pieces_for_threads(cons
   pieces.reserve(count);
   layout.for_each_piece([&](const auto& p) { pieces.emplace_back(p); });
   return pieces;
+}
+
+/// Runs job(k) for every k in [0, count) on `pool` (options::pool), or on gradclip's own pool when it is
+/// null, and returns when all have run. Each job runs exactly once whatever the executor does: every call
+/// it makes of its job runs one job not yet started (or nothing), and the caller then runs the jobs it
+/// left and waits for those it started. Only then is the executor's exception, else a job's, rethrown.
+inline void run_jobs(const executor* pool, unsigned count, const std::function<void(unsigned)>& job) {
+  if (pool == nullptr || count <= 1) return thread_pool::shared().run(count, job);
+  const auto jobs = std::make_shared<job_set>(count, job);
+  std::exception_ptr failure;
+  try {
+    pool->run(count, [jobs](unsigned) { jobs->run_one(); });
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  jobs->finish(failure);
 }
 
 /// Runs task(i) for every piece on `threads` threads, each taking a run of consecutive pieces of about
@@ -572,7 +593,7 @@ inline clip_plan plan_clip(const char* function, const partial_norm& part, doubl
   // unrounded quotient.
   const scaled root = part.sum > 0
                           ? norm_kind{part.p}.root_for_quotient(part.sum, part.low, part.exponent, part.elements)
-                          : part.norm_scaled();
+                          : norm_scaled(part);
   const scaled c = quotient_with_tail(max_norm, root, opt.epsilon);
   // c < 1: zero (max_norm = 0), or a normalized mantissa in [1, 2) with a negative exponent. A zero norm
   // gives an infinite c (or NaN with max_norm = 0), which never clips.
@@ -599,7 +620,7 @@ inline clip_plan plan_relative(const char* function, const partial_norm& part, c
     const double c = threshold / (std::isnan(norm) ? norm : std::max(norm, agc_div_eps));  // max keeps no NaN
     return {{norm, c, true, false, threshold}, scaled{c, 0}};
   }
-  const scaled g = part.norm_scaled();
+  const scaled g = norm_scaled(part);
   if (g < max_norm) return {{norm, 1.0, false, true, threshold}, scaled{1.0, 0}};
   const scaled c = max_norm / std::max(g, scaled::of(agc_div_eps));
   return {{norm, c.value(), true, true, threshold}, c};

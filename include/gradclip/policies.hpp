@@ -1,6 +1,6 @@
 // Policies: how the L2 norm's sum of squares is accumulated and how the coefficient is applied. Empty tag
-// types, passed as the first template argument; each is one row of the traits table below, so adding a
-// policy touches this file only.
+// types, passed as the first template argument; each is one row of the traits table below (what each trait
+// means: detail/policy_traits.hpp), so adding a policy touches this file only.
 //
 // The policy applies to the L2 norm. The L1, max and other p-norms (options::norm) are computed the same
 // way under every policy: |x| or |x|^p of each element in FP64 per block of 1024, each block scaled by a
@@ -9,8 +9,7 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
-
-#include <type_traits>
+#include <gradclip/detail/policy_traits.hpp>
 
 namespace gradclip {
 inline namespace GRADCLIP_ABI {
@@ -42,26 +41,6 @@ struct max_scale {};
 struct robust {};
 
 namespace detail {
-
-/// How the coefficient is applied: rounded to the element type and multiplied in its arithmetic
-/// (`element`), rounded to FP32, or FP64 for FP64 input (`promoted`), or kept in FP64 so that the rounding
-/// to the element type is the only one that matters (`exact`).
-enum class scaling { element, promoted, exact };
-
-// FP64 for FP64 input, FP32 otherwise: the "promote" rule.
-template <class T>
-using promoted_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-// FP32 squares of FP16 and BF16 elements are exact; FP32 and FP64 elements square in FP64.
-template <class T>
-using robust_t = std::conditional_t<sizeof(T) == 2, float, double>;
-
-/// The traits table: one row per policy. `accumulator<T>` is the type squares are summed in;
-/// `sequential` sums one element after the other in it (no lanes, no FP64 carry); `max_scales` rescales
-/// blocks whose range needs it; `compensated` sums FP64 squares by Dot2. Declared only, so a type without
-/// a row is not a policy.
-template <class Policy>
-struct policy_traits;
 
 template <>
 struct policy_traits<naive> {
@@ -102,13 +81,6 @@ struct policy_traits<robust> {
   static constexpr bool compensated = true;
   static constexpr scaling scale = scaling::exact;
 };
-
-template <class Policy, class = void>
-struct is_policy : std::false_type {};
-template <class Policy>
-struct is_policy<Policy, std::void_t<decltype(policy_traits<Policy>::max_scales)>> : std::true_type {};
-template <class Policy>
-inline constexpr bool is_policy_v = is_policy<Policy>::value;
 
 }  // namespace detail
 }  // namespace GRADCLIP_ABI

@@ -5,6 +5,7 @@
 #include <gradclip/detail/config.hpp>
 #include <gradclip/partial_norm.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 

@@ -12,8 +12,10 @@
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>

@@ -12,6 +12,7 @@
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/norm_kind.hpp>
 #include <gradclip/grad_view.hpp>
+#include <gradclip/norm.hpp>
 #include <gradclip/options.hpp>
 #include <gradclip/partial_norm.hpp>
 #include <gradclip/pipeline.hpp>

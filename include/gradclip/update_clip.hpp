@@ -4,14 +4,19 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/scaled.hpp>
+#include <gradclip/detail/strided_view.hpp>
 #include <gradclip/detail/update_kernels.hpp>
 #include <gradclip/grad_view.hpp>
 #include <gradclip/options.hpp>
+#include <gradclip/partial_norm.hpp>
 #include <gradclip/pipeline.hpp>
 #include <gradclip/policies.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <stdexcept>
@@ -71,6 +76,28 @@ inline constexpr bool is_moment_v =
 inline void check_positive(const char* function, const char* name, double x) {
   if (!(x > 0) || !std::isfinite(x))
     throw std::invalid_argument(std::string(function) + ": " + name + " must be finite and > 0");
+}
+
+/// Runs task(first, last) on the fixed pieces [k, k + 1) * piece_elements of [0, n) on up to
+/// opt.threads threads and merges the results into `total` in piece order, so the result is the same for
+/// every thread count; `element_bytes` says how many threads the bytes are worth.
+template <class R, class Task, class Merge>
+R reduce_pieces(std::size_t n, std::size_t element_bytes, const options& opt, R total, Task&& task, Merge&& merge) {
+  const std::size_t pieces = n == 0 ? 0 : (n - 1) / piece_elements + 1;
+  const unsigned threads = static_cast<unsigned>(std::min<std::size_t>(
+      {std::max(opt.threads, 1u), pieces, std::max<std::size_t>(1, n * element_bytes / parallel_grain_bytes)}));
+  const auto run = [&](std::size_t k) { return task(k * piece_elements, std::min(n, (k + 1) * piece_elements)); };
+  if (threads <= 1) {
+    for (std::size_t k = 0; k < pieces; ++k) merge(total, run(k));
+    return total;
+  }
+  std::vector<R> results(pieces);
+  const std::function<void(unsigned)> job = [&](unsigned j) {
+    for (std::size_t k = j; k < pieces; k += threads) results[k] = run(k);
+  };
+  run_jobs(opt.pool, threads, job);
+  for (const R& r : results) merge(total, r);
+  return total;
 }
 
 /// 1 / max(1, sqrt(sum / n)) from the sum's part (p = 1): in (0, 1] for a finite sum, the smallest
@@ -135,7 +162,7 @@ std::size_t spam_clip_of(const char* function, const strided_view<T>& g, const s
       [&](std::size_t first, std::size_t last) {
         std::size_t clipped = 0;
         for_each_paired_block(g, v, first, last, [&](auto* a, const auto* b, std::size_t m) {
-          clipped += spam_block(a, b, m, theta, opt.nonfinite);
+          clipped += spam_block(a, b, m, theta, opt.nonfinite == on_nonfinite::propagate);
         });
         return clipped;
       },

@@ -2,7 +2,7 @@
 // test that lowers the threshold of outlying steps.
 #pragma once
 
-#include <gradclip/controller.hpp>
+#include <gradclip/controller.hpp>  // IWYU pragma: export
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/exact_io.hpp>
 #include <gradclip/options.hpp>

@@ -8,8 +8,8 @@
 
 #include <gradclip/detail/census.hpp>
 #include <gradclip/detail/config.hpp>
+#include <gradclip/detail/partial_norm.hpp>
 #include <gradclip/detail/scaled.hpp>
-#include <gradclip/partial_norm.hpp>
 
 #include <Eigen/Core>
 

@@ -5,9 +5,9 @@
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/numerics.hpp>
+#include <gradclip/detail/partial_norm.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/detail/simd.hpp>
-#include <gradclip/partial_norm.hpp>
 
 #include <algorithm>
 #include <cmath>

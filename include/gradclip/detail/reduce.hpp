@@ -7,9 +7,9 @@
 #include <gradclip/detail/element.hpp>
 #include <gradclip/detail/norm_kind.hpp>
 #include <gradclip/detail/numerics.hpp>
+#include <gradclip/detail/partial_norm.hpp>
+#include <gradclip/detail/policy_traits.hpp>
 #include <gradclip/detail/scaled.hpp>
-#include <gradclip/partial_norm.hpp>
-#include <gradclip/policies.hpp>
 #if defined(GRADCLIP_COMPILED)
 #include <gradclip/detail/compiled.hpp>  // the kernels' entry points below, from the library
 #else

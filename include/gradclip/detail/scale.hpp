@@ -4,8 +4,9 @@
 
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
+#include <gradclip/detail/numerics.hpp>
+#include <gradclip/detail/policy_traits.hpp>
 #include <gradclip/detail/scaled.hpp>
-#include <gradclip/policies.hpp>
 #if defined(GRADCLIP_COMPILED)
 #include <gradclip/detail/compiled.hpp>  // multiply_with_tail and multiply_run, from the library
 #else

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <gradclip/detail/config.hpp>
-#include <gradclip/detail/element.hpp>
 #include <gradclip/detail/numerics.hpp>
 
 #include <algorithm>

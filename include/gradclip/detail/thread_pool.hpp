@@ -1,10 +1,9 @@
 // How threaded calls share their jobs: a job_set that the caller and any helping thread claim jobs from,
-// gradclip's persistent pool of helpers (started once, so a threaded call costs a wake-up), and run_jobs,
-// the one place a call's jobs are handed to options::pool or to that pool.
+// and gradclip's persistent pool of helpers (started once, so a threaded call costs a wake-up). run_jobs
+// (pipeline.hpp) hands a call's jobs to options::pool or to this pool.
 #pragma once
 
 #include <gradclip/detail/config.hpp>
-#include <gradclip/options.hpp>
 
 #include <atomic>
 #include <condition_variable>
@@ -201,22 +200,6 @@ class thread_pool {
   static inline std::atomic<workers*> current_{nullptr};
   static inline workers* abandoned_ = nullptr;
 };
-
-/// Runs job(k) for every k in [0, count) on `pool` (options::pool), or on gradclip's own pool when it is
-/// null, and returns when all have run. Each job runs exactly once whatever the executor does: every call
-/// it makes of its job runs one job not yet started (or nothing), and the caller then runs the jobs it
-/// left and waits for those it started. Only then is the executor's exception, else a job's, rethrown.
-inline void run_jobs(const executor* pool, unsigned count, const std::function<void(unsigned)>& job) {
-  if (pool == nullptr || count <= 1) return thread_pool::shared().run(count, job);
-  const auto jobs = std::make_shared<job_set>(count, job);
-  std::exception_ptr failure;
-  try {
-    pool->run(count, [jobs](unsigned) { jobs->run_one(); });
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  jobs->finish(failure);
-}
 
 }  // namespace detail
 }  // namespace GRADCLIP_ABI

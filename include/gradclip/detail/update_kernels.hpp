@@ -1,30 +1,25 @@
 // The kernels of update clipping (update_clip.hpp): the RMS of a norm's part, StableAdamW's fused sum of
 // g^2 / max(v, eps^2) and SPAM's elementwise clip on raw pointers, their vector loops dispatched
-// (update_kernels.inc); two views paired by element; and the fixed pieces that run them on
-// options::threads with the same bits for every count.
+// (update_kernels.inc); and two views paired by element.
 #pragma once
 
 #include <gradclip/detail/config.hpp>
 #include <gradclip/detail/element.hpp>
+#include <gradclip/detail/numerics.hpp>
+#include <gradclip/detail/partial_norm.hpp>
 #include <gradclip/detail/scaled.hpp>
 #include <gradclip/detail/strided_view.hpp>
-#include <gradclip/detail/thread_pool.hpp>
 #if defined(GRADCLIP_COMPILED)
 #include <gradclip/detail/compiled.hpp>  // quotient_lanes and spam_unclear, from the library
 #else
 #include <gradclip/detail/simd.hpp>
 #endif
-#include <gradclip/options.hpp>
-#include <gradclip/partial_norm.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <cstdint>
-#include <functional>
 #include <limits>
 #include <type_traits>
-#include <vector>
 
 namespace gradclip {
 inline namespace GRADCLIP_ABI {
@@ -99,30 +94,6 @@ void for_each_paired_block(const strided_view<A>& a, const strided_view<B>& b, s
       for (std::size_t i = 0; i < m; ++i, back.next()) *back = buffer_a[i];
     }
   }
-}
-
-/// Runs task(first, last) on the fixed pieces [k * piece, (k + 1) * piece) of [0, n) on up to
-/// opt.threads threads and merges the results into `total` in piece order, so the result is the same for
-/// every thread count; `element_bytes` says how many threads the bytes are worth.
-template <class R, class Task, class Merge>
-R reduce_pieces(std::size_t n, std::size_t element_bytes, const options& opt, R total, Task&& task, Merge&& merge) {
-  constexpr std::size_t piece = std::size_t{1} << 20;  // pipeline.hpp's piece_elements
-  constexpr std::size_t grain_bytes = std::size_t{1} << 20;
-  const std::size_t pieces = n == 0 ? 0 : (n - 1) / piece + 1;
-  const unsigned threads = static_cast<unsigned>(std::min<std::size_t>(
-      {std::max(opt.threads, 1u), pieces, std::max<std::size_t>(1, n * element_bytes / grain_bytes)}));
-  const auto run = [&](std::size_t k) { return task(k * piece, std::min(n, (k + 1) * piece)); };
-  if (threads <= 1) {
-    for (std::size_t k = 0; k < pieces; ++k) merge(total, run(k));
-    return total;
-  }
-  std::vector<R> results(pieces);
-  const std::function<void(unsigned)> job = [&](unsigned j) {
-    for (std::size_t k = j; k < pieces; k += threads) results[k] = run(k);
-  };
-  run_jobs(opt.pool, threads, job);
-  for (const R& r : results) merge(total, r);
-  return total;
 }
 
 // The loops round every product before adding (no contraction into FMA), so their bits do not depend on
@@ -206,15 +177,16 @@ inline double root_of_product(double theta, double w) noexcept {
 }
 
 /// One element spam_unclear_one did not rule out: g <- sign(g) sqrt(theta v) when g^2 > theta v, v > 0
-/// and both are finite (with on_nonfinite::propagate also for an infinite g and a finite v > 0, as the
-/// reference's mask has it), the root rounded to T and never above |g|. Returns whether it clipped.
+/// and both are finite (with `clip_infinite`, on_nonfinite::propagate's rule, also for an infinite g and
+/// a finite v > 0, as the reference's mask has it), the root rounded to T and never above |g|. Returns
+/// whether it clipped.
 template <class T>
-bool spam_element(T& g, double w, double theta, on_nonfinite nonfinite) noexcept {
+bool spam_element(T& g, double w, double theta, bool clip_infinite) noexcept {
   const double x = widen<double>(g);
   const bool finite = std::isfinite(x) && std::isfinite(w);
   if (finite) {
     if (!(w > 0) || x == 0 || !square_exceeds(x, w, theta)) return false;
-  } else if (nonfinite != on_nonfinite::propagate || !std::isinf(x) || !(w > 0) || !std::isfinite(w)) {
+  } else if (!clip_infinite || !std::isinf(x) || !(w > 0) || !std::isfinite(w)) {
     return false;
   }
   T y = narrow<T>(root_of_product(theta, w));
@@ -234,14 +206,14 @@ using scalar_kernels = portable;
 /// rule out; only a block with such elements is visited again, element by element. Returns how many it
 /// clipped.
 template <class T, class V>
-std::size_t spam_block(T* g, const V* v, std::size_t m, double theta, on_nonfinite nonfinite) noexcept {
+std::size_t spam_block(T* g, const V* v, std::size_t m, double theta, bool clip_infinite) noexcept {
   const T* read = g;
   if (with_isa(best_isa(), [&](auto k) { return decltype(k)::spam_unclear(read, v, m, theta); }) == 0) return 0;
   std::size_t clipped = 0;
   for (std::size_t i = 0; i < m; ++i) {
     const double w = widen<double>(v[i]);
     if (scalar_kernels::spam_unclear_one(widen<double>(g[i]), w, theta))
-      clipped += spam_element(g[i], w, theta, nonfinite);
+      clipped += spam_element(g[i], w, theta, clip_infinite);
   }
   return clipped;
 }

@@ -1,0 +1,17 @@
+# Fails when a header of include/gradclip/detail includes a public gradclip header: the kernels and
+# numerics below the API must not depend on it. Usage: cmake -DINCLUDE_DIR=<include> -P check_layers.cmake
+file(GLOB detail_files ${INCLUDE_DIR}/gradclip/detail/*)
+set(violations)
+foreach(file IN LISTS detail_files)
+  file(STRINGS ${file} includes REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]gradclip/[^/]+[>\"]")
+  foreach(line IN LISTS includes)
+    get_filename_component(name ${file} NAME)
+    list(APPEND violations "detail/${name}: ${line}")
+  endforeach()
+endforeach()
+if(violations)
+  list(JOIN violations "\n  " listed)
+  message(FATAL_ERROR "detail headers include public headers:\n  ${listed}")
+endif()
+list(LENGTH detail_files count)
+message(STATUS "${count} detail files include no public header")
