@@ -195,27 +195,6 @@ inline double raw_sum(const T* b, std::size_t m, const power_tables<T>& tables) 
   for (std::size_t j = 0; i + j < m; ++j) acc[j] += raw_term(b[i + j], tables);
   return sum_lanes(acc);
 }
-
-/// table_block's sum over a block of 16-bit elements that holds a subnormal (raw_sum reads normal ones
-/// only): the same product of two entries, indexed by the field and leading bits of the element widened
-/// to FP64 (exact, and normal), in the same 16 lanes and order; the largest magnitude in `top`. Scalar,
-/// so every target runs this one loop.
-template <class T>
-inline double widened_sum(const T* b, std::size_t m, const power_tables<T>& tables, double& top) noexcept {
-  constexpr int bits = power_tables<T>::bits;
-  constexpr std::size_t L = lanes<double>;
-  const double* exponents = tables.exponents();
-  double acc[L] = {};
-  double high = 0;
-  for (std::size_t i = 0; i < m; ++i) {
-    const double a = std::abs(widen<double>(b[i]));
-    high = a > high ? a : high;
-    const auto u = Eigen::numext::bit_cast<std::uint64_t>(a);
-    acc[i % L] += exponents[u >> 52] * tables.powers[(u >> (52 - bits)) & ((1u << bits) - 1)];
-  }
-  top = high;
-  return sum_lanes(acc);
-}
 #if defined(__clang__)
 #pragma float_control(pop)
 #elif defined(__GNUC__)
@@ -234,8 +213,8 @@ struct general_kernels {
   double (*products)(power_kind, const T*, std::size_t, const power_scale&, double&) noexcept;
   void (*widen)(const T*, std::size_t, double*) noexcept;  // not for FP64
   double (*series)(const double*, std::size_t, const power_scale&, double&) noexcept;
-  double (*tables)(const T*, std::size_t, const power_tables<T>&, double&) noexcept;  // FP32, FP64
-  std::uint16_t (*magnitudes)(const T*, std::size_t, std::uint16_t&) noexcept;        // 16-bit
+  double (*tables)(const T*, std::size_t, const power_tables<T>&, double&) noexcept;
+  std::uint16_t (*magnitudes)(const T*, std::size_t, std::uint16_t&) noexcept;  // 16-bit
   power_map_fn map;
 
   template <class K>
@@ -246,10 +225,8 @@ struct general_kernels {
     k.series = &K::power_block;
     k.map = &K::power_map;
     if constexpr (!std::is_same_v<T, double>) k.widen = &K::template widen_block<T>;
-    if constexpr (sizeof(T) == 2)
-      k.magnitudes = &K::template magnitude_range<T>;
-    else
-      k.tables = &K::template table_block<true, std::is_same_v<T, double>, T, power_tables<T>>;
+    if constexpr (sizeof(T) == 2) k.magnitudes = &K::template magnitude_range<T>;
+    k.tables = &K::template table_block<power_tables<T>::series, std::is_same_v<T, double>, T, power_tables<T>>;
     return k;
   }
 };
@@ -287,13 +264,13 @@ struct power_run {
       if (tables) {  // raw_sum unless a subnormal is there (the smallest normal is 1 << bits)
         std::uint16_t low = 0;
         const std::uint16_t high = k.magnitudes(b, m, low);
-        if (low < (1u << power_tables<T>::bits) - 1) return widened_sum(b, m, *tables, top);
-        top = widen<double>(Eigen::numext::bit_cast<T>(high));  // NaN if one is: the sum is NaN then too
-        return raw_sum(b, m, *tables);
+        if (low >= (1u << power_tables<T>::bits) - 1) {
+          top = widen<double>(Eigen::numext::bit_cast<T>(high));  // NaN if one is: the sum is NaN then too
+          return raw_sum(b, m, *tables);
+        }
       }
-    } else if (tables) {
-      return k.tables(b, m, *tables, top);
     }
+    if (tables) return k.tables(b, m, *tables, top);
     if constexpr (std::is_same_v<T, double>) {
       return k.series(b, m, scale, top);
     } else {
