@@ -96,6 +96,9 @@ inline int scale_exponent(double top, double p) noexcept {
   return p * std::log2(std::ldexp(top, -k)) > 960 ? k + 1 : k;
 }
 
+/// A target's power_map (kernels.inc).
+using power_map_fn = void (*)(const double*, double*, std::size_t, const power_scale&) noexcept;
+
 /// The tables of the general term for elements of type T (table_term in p_norm_loops.inc): c^p for
 /// every leading significand c of `bits` bits (all of an FP16 or BF16 significand, so their terms are
 /// a product of two entries; FP32 and FP64 add a series, accurate for p <= max_order), and 2^(p (e -
@@ -121,20 +124,22 @@ struct power_tables {
 
   const double* exponents() const noexcept { return exponent_entries + below; }
 
-  /// The parts that depend on p alone.
-  template <class K>
-  void set_order(double order) noexcept {
+  /// The parts that depend on p alone, by one target's power_map.
+  void set_order(double order, power_map_fn map) noexcept {
     constexpr int count = 1 << bits;
     for (int j = 0; j < count; ++j) powers[j] = 1.0 + j * (1.0 / count);
-    K::power_map(powers, powers, count, {order, 1.0, 1023.0});
+    map(powers, powers, count, {order, 1.0, 1023.0});
     double binomial = 1;
     for (int k = 1; k <= 6; ++k) coefficients[k - 1] = binomial *= (order - (k - 1)) / k;
+  }
+  template <class K>
+  void set_order(double order) noexcept {
+    set_order(order, &K::power_map);
   }
 
   /// The exponent entries at scale 2^E: only those whose terms can lie in [2^-1022, 2^960] are
   /// evaluated, lower ones are 0 and higher ones +Inf (the caller redoes such a block at its own scale).
-  template <class K>
-  void set_scale(const power_scale& scale, int exponent) noexcept {
+  void set_scale(const power_scale& scale, int exponent, power_map_fn map) noexcept {
     double* e = exponent_entries + below;
     const double order = scale.order;
     const double lowest = std::max<double>(first_field, 1023.0 + exponent - 1022.0 / order - 1);
@@ -143,7 +148,7 @@ struct power_tables {
     std::fill(exponent_entries, e + lo, 0.0);
     for (int f = lo; f <= hi; ++f)  // 2^(f - 1023), subnormal for f <= 0
       e[f] = f64_from_bits(f > 0 ? std::uint64_t(f) << 52 : std::uint64_t{1} << (51 + f));
-    if (hi >= lo) K::power_map(e + lo, e + lo, static_cast<std::size_t>(hi - lo + 1), scale);
+    if (hi >= lo) map(e + lo, e + lo, static_cast<std::size_t>(hi - lo + 1), scale);
     std::fill(e + std::max(lo, hi + 1), e + 2047, std::numeric_limits<double>::infinity());
     if constexpr (!std::is_same_v<T, double>) e[0] = 0;  // zero, the only value with field 0
     e[2047] = std::numeric_limits<double>::quiet_NaN();
@@ -196,6 +201,36 @@ inline double raw_sum(const T* b, std::size_t m, const power_tables<T>& tables) 
 #pragma GCC pop_options
 #endif
 
+/// One target's kernels that general_kernel calls, as pointers, so that its loop, its tables and its
+/// scaling are compiled once per element type rather than once per target and type. The series terms
+/// (log2 and exp2 per element, far slower than a read) of every element type run on FP64 blocks,
+/// widened exactly, so the terms and sums are those of the elements themselves: each target compiles
+/// them once. The products (p = 3, 4: near memory speed) and the tables' gathers read the elements as
+/// they are.
+template <class T>
+struct general_kernels {
+  double (*largest)(const T*, std::size_t) noexcept;  // max_abs
+  double (*products)(power_kind, const T*, std::size_t, const power_scale&, double&) noexcept;
+  void (*widen)(const T*, std::size_t, double*) noexcept;  // not for FP64
+  double (*series)(const double*, std::size_t, const power_scale&, double&) noexcept;
+  double (*tables)(const T*, std::size_t, const power_tables<T>&, double&) noexcept;
+  std::uint16_t (*magnitudes)(const T*, std::size_t, std::uint16_t&) noexcept;  // 16-bit
+  power_map_fn map;
+
+  template <class K>
+  static general_kernels of() noexcept {
+    general_kernels k{};
+    k.largest = &max_abs<K, T>;
+    k.products = &K::template product_block<T>;
+    k.series = &K::power_block;
+    k.map = &K::power_map;
+    if constexpr (!std::is_same_v<T, double>) k.widen = &K::template widen_block<T>;
+    if constexpr (sizeof(T) == 2) k.magnitudes = &K::template magnitude_range<T>;
+    k.tables = &K::template table_block<power_tables<T>::series, std::is_same_v<T, double>, T, power_tables<T>>;
+    return k;
+  }
+};
+
 /// Sums of |x|^p at one scale 2^E: terms stay below 2^960 (so 2^63 of them cannot overflow) while the
 /// elements stay below `limit` = 2^(E + 960 / p). General terms come from `tables` when given.
 template <class T>
@@ -207,8 +242,7 @@ struct power_run {
   power_scale scale{};
   power_kind kind = power_kind::general;
 
-  template <class K>
-  void set_scale(double top) noexcept {
+  void set_scale(double top, const general_kernels<T>& k) noexcept {
     exponent = scale_exponent(top, order);
     limit = std::exp2(std::min(exponent + 960.0 / order, 2000.0));
     scale = {order, std::ldexp(1.0, -exponent), 1023.0 + exponent};
@@ -217,29 +251,37 @@ struct power_run {
     kind = products && order == 3.0   ? power_kind::cube
            : products && order == 4.0 ? power_kind::fourth
                                       : power_kind::general;
-    if (tables && kind == power_kind::general) tables->template set_scale<K>(scale, exponent);
+    if (tables && kind == power_kind::general) tables->set_scale(scale, exponent, k.map);
+  }
+  template <class K>
+  void set_scale(double top) noexcept {
+    set_scale(top, general_kernels<T>::template of<K>());
   }
 
-  template <class K>
-  double block(const T* b, std::size_t m, double& top) const noexcept {
-    switch (kind) {
-      case power_kind::cube:
-        return K::template power_block<power_kind::cube>(b, m, scale, top);
-      case power_kind::fourth:
-        return K::template power_block<power_kind::fourth>(b, m, scale, top);
-      case power_kind::general:
-        break;
-    }
-    if (!tables) return K::template power_block<power_kind::general>(b, m, scale, top);
-    if constexpr (sizeof(T) == 2) {  // raw_sum unless a subnormal is there (the smallest normal is 1 << bits)
-      std::uint16_t low = 0;
-      const std::uint16_t high = K::magnitude_range(b, m, low);
-      if (low >= (1u << power_tables<T>::bits) - 1) {
-        top = widen<double>(Eigen::numext::bit_cast<T>(high));  // NaN if one is: the sum is NaN then too
-        return raw_sum(b, m, *tables);
+  double block(const T* b, std::size_t m, double& top, const general_kernels<T>& k) const noexcept {
+    if (kind != power_kind::general) return k.products(kind, b, m, scale, top);
+    if constexpr (sizeof(T) == 2) {
+      if (tables) {  // raw_sum unless a subnormal is there (the smallest normal is 1 << bits)
+        std::uint16_t low = 0;
+        const std::uint16_t high = k.magnitudes(b, m, low);
+        if (low >= (1u << power_tables<T>::bits) - 1) {
+          top = widen<double>(Eigen::numext::bit_cast<T>(high));  // NaN if one is: the sum is NaN then too
+          return raw_sum(b, m, *tables);
+        }
       }
     }
-    return K::template table_block<power_tables<T>::series, std::is_same_v<T, double>>(b, m, *tables, top);
+    if (tables) return k.tables(b, m, *tables, top);
+    if constexpr (std::is_same_v<T, double>) {
+      return k.series(b, m, scale, top);
+    } else {
+      double widened[block_size];
+      k.widen(b, m, widened);
+      return k.series(widened, m, scale, top);
+    }
+  }
+  template <class K>
+  double block(const T* b, std::size_t m, double& top) const noexcept {
+    return block(b, m, top, general_kernels<T>::template of<K>());
   }
 };
 
@@ -267,14 +309,15 @@ inline general_path choose_path(std::size_t n, double order) noexcept {
 /// a NaN or Inf) is summed again from L1 cache, at its own scale once it is known to be finite, and
 /// the sums so far become a part of their own. Blocks far below the scale lose only terms below
 /// 2^-1022 of the run's largest term, which is at least 1.
-template <class K, class T>
-inline partial_norm general_kernel(const T* p, std::size_t n, double order, general_path path) noexcept {
+template <class T>
+inline partial_norm general_kernel(const T* p, std::size_t n, double order, general_path path,
+                                   const general_kernels<T>& k) noexcept {
   partial_norm parts{0, 0.0, true, order};
   compensated_sum current;
   power_tables<T> tables;
   power_run<T> run{order};
   if (path == general_path::tables) {
-    tables.template set_order<K>(order);
+    tables.set_order(order, k.map);
     run.tables = &tables;
   }
   bool scaled_yet = false;
@@ -282,26 +325,32 @@ inline partial_norm general_kernel(const T* p, std::size_t n, double order, gene
     const std::size_t m = std::min(block_size, n - start);
     const T* block = p + start;
     if (!scaled_yet) {
-      const double top = max_abs<K>(block, m);
-      if (!std::isfinite(top)) return nonfinite_run<K>(p, n, order);
+      const double top = k.largest(block, m);
+      if (!std::isfinite(top)) return partial_norm::nonfinite(k.largest(p, n), order);
       if (top == 0.0) continue;
-      run.template set_scale<K>(top);
+      run.set_scale(top, k);
       scaled_yet = true;
     }
     double top = 0;
-    double sum = run.template block<K>(block, m, top);
+    double sum = run.block(block, m, top, k);
     if (!(std::isfinite(sum) && top <= run.limit)) {
-      top = max_abs<K>(block, m);
-      if (!std::isfinite(top)) return nonfinite_run<K>(p, n, order);
+      top = k.largest(block, m);
+      if (!std::isfinite(top)) return partial_norm::nonfinite(k.largest(p, n), order);
       add_part(parts, {run.exponent, current.value(), true, order});
       current = {};
-      run.template set_scale<K>(top);
-      sum = run.template block<K>(block, m, top);
+      run.set_scale(top, k);
+      sum = run.block(block, m, top, k);
     }
     current.add(sum);
   }
   add_part(parts, {run.exponent, current.value(), true, order});
   return parts;
+}
+
+/// general_kernel on target K's kernels.
+template <class K, class T>
+inline partial_norm general_kernel(const T* p, std::size_t n, double order, general_path path) noexcept {
+  return general_kernel(p, n, order, path, general_kernels<T>::template of<K>());
 }
 
 }  // namespace pnorm
@@ -314,7 +363,8 @@ inline partial_norm power_sum_kernel(const T* p, std::size_t n, double order) no
     using K = decltype(k);
     if (order == 1.0) return pnorm::l1_kernel<K>(p, n);
     if (std::isinf(order)) return pnorm::max_kernel<K>(p, n);
-    return pnorm::general_kernel<K>(p, n, order, pnorm::choose_path<T>(n, order));
+    return pnorm::general_kernel(p, n, order, pnorm::choose_path<T>(n, order),
+                                 pnorm::general_kernels<T>::template of<K>());
   });
 }
 
