@@ -975,7 +975,7 @@ struct avx512 {
     const __m512 k = _mm512_set1_ps(c);
     std::size_t i = 0;
     for (; i + f32::width <= n; i += f32::width) {
-      prefetch_ahead<target>(p + i, f32::width * sizeof(Eigen::bfloat16));
+      prefetch_lines<target>(p + i, widening_prefetch_distance<Eigen::bfloat16>, f32::width * sizeof(Eigen::bfloat16));
       const __m512 v = _mm512_mul_ps(f32::load(p + i), k);
       constexpr int nan_or_subnormal = 0x01 | 0x20 | 0x80;  // vfpclassps: quiet NaN, subnormal, signalling NaN
       if (_mm512_fpclass_ps_mask(v, nan_or_subnormal) != 0) {
