@@ -142,18 +142,21 @@ TYPED_TEST(PNormKernels, VectorLoopsMatchScalarBitForBit) {
             const double scale_top = std::is_same_v<T, double> ? 0.75 : 1.5;
             pnorm::power_tables<T> tables, tables_ref;
             pnorm::power_run<T> run{order}, run_ref{order};
+            const auto kernels =
+                with_isa(target, [](auto k) { return pnorm::general_kernels<T>::template of<decltype(k)>(); });
+            const auto kernels_ref = pnorm::general_kernels<T>::template of<portable>();
             if (tabled) {
-              with_isa(target, [&](auto k) { tables.template set_order<decltype(k)>(order); });
-              tables_ref.template set_order<portable>(order);
+              tables.set_order(order, kernels.map);
+              tables_ref.set_order(order, kernels_ref.map);
               run.tables = &tables;
               run_ref.tables = &tables_ref;
             }
-            with_isa(target, [&](auto k) { run.template set_scale<decltype(k)>(scale_top); });
-            run_ref.template set_scale<portable>(scale_top);
+            run.set_scale(scale_top, kernels);
+            run_ref.set_scale(scale_top, kernels_ref);
             const std::size_t m = std::min(n, gradclip::detail::block_size);
             double top = 0, top_ref = 0;
-            const double sum = with_isa(target, [&](auto k) { return run.template block<decltype(k)>(p, m, top); });
-            const double ref = run_ref.template block<portable>(p, m, top_ref);
+            const double sum = run.block(p, m, top, kernels);
+            const double ref = run_ref.block(p, m, top_ref, kernels_ref);
             EXPECT_EQ(bits_of(sum), bits_of(ref)) << "p = " << order << " tables " << tabled;
             EXPECT_EQ(top, top_ref);
           }
@@ -170,23 +173,24 @@ TEST(PNormRawTables, MatchTableTermsForEveryMagnitude) {
     std::vector<T> all(finite);
     for (std::size_t k = 0; k < all.size(); ++k) all[k] = Eigen::numext::bit_cast<T>(static_cast<std::uint16_t>(k));
     for (double order : {0.01, 0.5, 1.5, 7.75}) {
+      const auto kernels = pnorm::general_kernels<T>::template of<portable>();
       pnorm::power_tables<T> tables;
-      tables.template set_order<portable>(order);
+      tables.set_order(order, kernels.map);
       pnorm::power_run<T> run{order, &tables};
-      run.template set_scale<portable>(0.75);
+      run.set_scale(0.75, kernels);
       for (std::size_t start = 0; start < all.size(); start += 1000) {
         const std::size_t m = std::min<std::size_t>(1000, all.size() - start);
         std::vector<T> block(all.begin() + static_cast<std::ptrdiff_t>(start),
                              all.begin() + static_cast<std::ptrdiff_t>(start + m));
         for (std::size_t i = 0; i < m; ++i) {
           double top = 0, top_ref = 0;
-          const double term = run.template block<portable>(&block[i], 1, top);
+          const double term = run.block(&block[i], 1, top, kernels);
           const double ref = portable::table_block<false, false>(&block[i], 1, tables, top_ref);
           ASSERT_EQ(bits_of(term), bits_of(ref)) << type_name<T>() << " p = " << order << " bits " << start + i;
         }
         for (std::size_t i = 0; i < m; i += 3) block[i] = -block[i];
         double top = 0, top_ref = 0;
-        const double sum = run.template block<portable>(block.data(), m, top);
+        const double sum = run.block(block.data(), m, top, kernels);
         const double ref = portable::table_block<false, false>(block.data(), m, tables, top_ref);
         EXPECT_EQ(bits_of(sum), bits_of(ref)) << type_name<T>() << " p = " << order << " from " << start;
         EXPECT_EQ(top, top_ref);

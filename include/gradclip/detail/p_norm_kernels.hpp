@@ -132,10 +132,6 @@ struct power_tables {
     double binomial = 1;
     for (int k = 1; k <= 6; ++k) coefficients[k - 1] = binomial *= (order - (k - 1)) / k;
   }
-  template <class K>
-  void set_order(double order) noexcept {
-    set_order(order, &K::power_map);
-  }
 
   /// The exponent entries at scale 2^E: only those whose terms can lie in [2^-1022, 2^960] are
   /// evaluated, lower ones are 0 and higher ones +Inf (the caller redoes such a block at its own scale).
@@ -253,10 +249,6 @@ struct power_run {
                                       : power_kind::general;
     if (tables && kind == power_kind::general) tables->set_scale(scale, exponent, k.map);
   }
-  template <class K>
-  void set_scale(double top) noexcept {
-    set_scale(top, general_kernels<T>::template of<K>());
-  }
 
   double block(const T* b, std::size_t m, double& top, const general_kernels<T>& k) const noexcept {
     if (kind != power_kind::general) return k.products(kind, b, m, scale, top);
@@ -278,10 +270,6 @@ struct power_run {
       k.widen(b, m, widened);
       return k.series(widened, m, scale, top);
     }
-  }
-  template <class K>
-  double block(const T* b, std::size_t m, double& top) const noexcept {
-    return block(b, m, top, general_kernels<T>::template of<K>());
   }
 };
 
@@ -363,8 +351,7 @@ inline partial_norm power_sum_kernel(const T* p, std::size_t n, double order) no
     using K = decltype(k);
     if (order == 1.0) return pnorm::l1_kernel<K>(p, n);
     if (std::isinf(order)) return pnorm::max_kernel<K>(p, n);
-    return pnorm::general_kernel(p, n, order, pnorm::choose_path<T>(n, order),
-                                 pnorm::general_kernels<T>::template of<K>());
+    return pnorm::general_kernel<K>(p, n, order, pnorm::choose_path<T>(n, order));
   });
 }
 
