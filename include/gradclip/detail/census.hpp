@@ -1,6 +1,6 @@
 // The element census behind options::report: zeros, subnormals, NaN, Inf and max |x| of a run, counted on
-// the elements' bits. Integer arithmetic only, so every CPU counts the same. The L2 sum of squares counts
-// inside its own loop (census_lanes in kernels.inc, chosen by reduce.hpp's sum_squares for a
+// the elements' bits. Integer arithmetic only, so every CPU counts the same. The vector targets' L2 sums of
+// squares count inside their own loop (census_lanes.inc, chosen by reduce.hpp's sum_squares for a
 // census_observer); other reductions are followed by census_of (kernels.inc, via count_elements). Short
 // runs are counted inline (add_short_census), where the vector loop costs more than it saves.
 #pragma once

@@ -271,54 +271,6 @@ struct portable {
     static std::uint16_t min_lane(vec v) noexcept { return v; }
   };
 
-  /// The census's lanes (options::report): T-wide signed integers holding an element's bits, counted
-  /// where a compare holds. Magnitudes (bits & mask) are nonnegative, so signed compares order them.
-  template <class Bits>
-  struct tally {
-    using vec = Bits;
-    static constexpr std::size_t width = 1;
-    static vec zero() noexcept { return 0; }
-    static vec set1(Bits x) noexcept { return x; }
-    static vec load(const void* p) noexcept {
-      Bits b;
-      std::memcpy(&b, p, sizeof b);
-      return b;
-    }
-    static vec bit_and(vec a, vec b) noexcept { return static_cast<vec>(a & b); }
-    /// counts + 1 in the lanes where a == b (a < b), counts elsewhere.
-    static vec count_equal(vec counts, vec a, vec b) noexcept { return static_cast<vec>(counts + (a == b)); }
-    static vec count_less(vec counts, vec a, vec b) noexcept { return static_cast<vec>(counts + (a < b)); }
-    static vec max(vec a, vec b) noexcept { return std::max(a, b); }
-    /// The lanes of nonnegative counts, summed.
-    static std::size_t sum_lanes(vec v) noexcept { return static_cast<std::size_t>(v); }
-    static Bits max_lane(vec v) noexcept { return v; }
-  };
-
-  /// The census's magnitudes in an accumulator's lanes (f32::vec or f64::vec; census_lanes in
-  /// kernels.inc): the largest and least |v| of the values a sum of squares has just widened, so that
-  /// counting loads nothing again.
-  struct magnitudes {
-    /// top = max(top, |v|), low = min(low, |v|), lane by lane (NaN lanes: whatever the target gives).
-    template <class V>
-    static void take(V& top, V& low, V v) noexcept {
-      const V a = std::abs(v);
-      top = a > top ? a : top;
-      low = a < low ? a : low;
-    }
-    template <class V>
-    static bool any_below(V v, V x) noexcept {
-      return v < x;
-    }
-    template <class V>
-    static V max(V a, V b) noexcept {  // of magnitudes, never NaN
-      return a > b ? a : b;
-    }
-    template <class V>
-    static double max_lane(V v) noexcept {
-      return static_cast<double>(v);
-    }
-  };
-
 #include <gradclip/detail/kernels.inc>
 #include <gradclip/detail/update_kernels.inc>
 };
@@ -554,7 +506,9 @@ struct avx2 {
     }
   };
 
-  template <class Bits>  // see portable::tally
+  /// The census's lanes (options::report): T-wide signed integers holding an element's bits, counted
+  /// where a compare holds. Magnitudes (bits & mask) are nonnegative, so signed compares order them.
+  template <class Bits>
   struct tally {
     using vec = __m256i;
     static constexpr std::size_t width = 32 / sizeof(Bits);
@@ -617,7 +571,11 @@ struct avx2 {
     }
   };
 
-  struct magnitudes {  // see portable::magnitudes
+  /// The census's magnitudes in an accumulator's lanes (f32::vec or f64::vec; census_lanes in
+  /// census_lanes.inc): the largest and least |v| of the values a sum of squares has just widened, so that
+  /// counting loads nothing again.
+  struct magnitudes {
+    /// top = max(top, |v|), low = min(low, |v|), lane by lane.
     static void take(__m256& top, __m256& low, __m256 v) noexcept {
       const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
       top = _mm256_max_ps(top, a);
@@ -646,6 +604,8 @@ struct avx2 {
 
 #include <gradclip/detail/kernels.inc>
 #include <gradclip/detail/update_kernels.inc>
+
+#include <gradclip/detail/census_lanes.inc>  // uses kernels.inc's functions
 };
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -879,7 +839,7 @@ struct avx512 {
     }
   };
 
-  template <class Bits>  // see portable::tally; compares give masks, counts are masked adds
+  template <class Bits>  // see avx2::tally; compares give masks, counts are masked adds
   struct tally {
     using vec = __m512i;
     static constexpr std::size_t width = 64 / sizeof(Bits);
@@ -934,7 +894,7 @@ struct avx512 {
 
   // vrangeps and vrangepd (AVX-512DQ) give max(|a|, |b|) or min(|a|, |b|) in one instruction: imm8 bits
   // 1:0 select the larger (11) or smaller (10) magnitude, bits 3:2 = 10 clear its sign.
-  struct magnitudes {  // see portable::magnitudes
+  struct magnitudes {  // see avx2::magnitudes
     // Without optimization GCC's range intrinsics are macros that pass the mask on as a signed integer,
     // which -Wsign-conversion reports at the user's call site (as for i64::gather).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -990,6 +950,8 @@ struct avx512 {
 
 #include <gradclip/detail/kernels.inc>
 #include <gradclip/detail/update_kernels.inc>
+
+#include <gradclip/detail/census_lanes.inc>  // uses kernels.inc's functions
 };
 #if defined(__clang__)
 #pragma clang attribute pop
