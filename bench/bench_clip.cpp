@@ -10,6 +10,7 @@
 #include <Eigen/Core>
 
 #include "paired.hpp"
+#include "workloads.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +28,8 @@
 #endif
 
 namespace {
+
+using workloads::dtype_name;
 
 // ---- The roofline: the fastest this machine reads (and rewrites) the bytes. Eight independent
 // accumulators of 256-bit and of 512-bit vectors, each measured: which load width streams faster
@@ -138,14 +141,6 @@ void rewrite_bytes(void* data, std::size_t bytes, std::uint64_t key, width w) {
 }
 
 // ---- Data: uniform in [-1, 1), the same for every case of an element type and size.
-
-template <class T>
-const char* dtype_name() {
-  if constexpr (std::is_same_v<T, Eigen::half>) return "f16";
-  if constexpr (std::is_same_v<T, Eigen::bfloat16>) return "bf16";
-  if constexpr (std::is_same_v<T, float>) return "f32";
-  if constexpr (std::is_same_v<T, double>) return "f64";
-}
 
 template <class Policy>
 const char* policy_name() {
@@ -405,6 +400,7 @@ void group_clip_binds(benchmark::State& state) {
 // counters are ratios of the parts' total times: <policy>_x_roofline (roofline time / policy time) and
 // <policy>_per_promote (policy time / promote time).
 
+using paired_timing::add_paired;
 using paired_timing::part;
 using paired_timing::total_of;
 
@@ -520,15 +516,6 @@ void tune(benchmark::internal::Benchmark* b, std::size_t bytes) {
 template <class F>
 void add(const std::string& name, std::size_t bytes, F&& f) {
   tune(benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(f)), bytes);
-}
-
-// Each iteration of a paired case runs every part: half a second gives a few pairs per repetition.
-template <class F>
-void add_paired(const std::string& name, F&& f) {
-  benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(f))
-      ->MinTime(0.5)
-      ->UseRealTime()
-      ->Unit(benchmark::kMillisecond);
 }
 
 template <class Policy, class T>

@@ -6,6 +6,7 @@
 #include <gradclip/per_example.hpp>
 
 #include "paired.hpp"
+#include "workloads.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -14,7 +15,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
@@ -24,19 +24,7 @@ namespace {
 
 using paired_timing::part;
 using paired_timing::total_of;
-
-// The roofline: the bytes read as 64-bit words into eight XOR chains (nothing but memory limits it).
-std::uint64_t plain_read(const void* data, std::size_t bytes) {
-  std::uint64_t chains[8] = {};
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i + 64 <= bytes; i += 64)
-    for (std::size_t c = 0; c < 8; ++c) {
-      std::uint64_t word;
-      std::memcpy(&word, p + i + 8 * c, sizeof word);
-      chains[c] ^= word;
-    }
-  return chains[0] ^ chains[1] ^ chains[2] ^ chains[3] ^ chains[4] ^ chains[5] ^ chains[6] ^ chains[7];
-}
+using workloads::plain_read;
 
 template <class T, int Layout>
 Eigen::Tensor<T, 2, Layout> random_batch(Eigen::Index examples, Eigen::Index size) {

@@ -9,6 +9,7 @@
 #include <gradclip/gradclip.hpp>
 
 #include "paired.hpp"
+#include "workloads.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -18,36 +19,16 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <string>
 #include <vector>
 
 namespace {
 
+using paired_timing::add_paired;
 using paired_timing::part;
 using paired_timing::total_of;
-
-template <class T>
-std::vector<std::vector<T>> make_group(const std::vector<std::size_t>& sizes, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<std::vector<T>> group;
-  for (const std::size_t n : sizes) {
-    group.emplace_back(n);
-    for (auto& x : group.back()) x = T(normal(rng));
-  }
-  return group;
-}
-
-std::vector<std::size_t> gpt2_small_sizes() {  // as bench_sizes.cpp lists them: 148 tensors, 124 M elements
-  constexpr std::size_t d = 768, layers = 12, vocabulary = 50257, context = 1024;
-  std::vector<std::size_t> sizes{vocabulary * d, context * d};
-  for (std::size_t l = 0; l < layers; ++l)
-    for (std::size_t n : {d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d}) sizes.push_back(n);
-  sizes.push_back(d);
-  sizes.push_back(d);
-  return sizes;
-}
+using workloads::gpt2_small_sizes;
+using workloads::make_group;
 
 /// A binding clip with and without a report. Every call clips (max_norm shrinks a little each time); the
 /// group is restored before the norm falls far, untimed.
@@ -132,14 +113,6 @@ void fused_step(benchmark::State& state) {
   });
   state.counters["fused_speedup"] = total_of(parts, "clip_then_step") / total_of(parts, "coefficient_fused_step");
   state.counters["bytes_saved"] = 1.0 - 16.0 / 24.0;
-}
-
-template <class F>
-void add_paired(const std::string& name, F&& f) {
-  benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(f))
-      ->MinTime(0.5)
-      ->UseRealTime()
-      ->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace

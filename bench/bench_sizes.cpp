@@ -7,6 +7,7 @@
 #include <gradclip/gradclip.hpp>
 
 #include "paired.hpp"
+#include "workloads.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -17,47 +18,24 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace {
 
+using paired_timing::add_paired;
 using paired_timing::part;
 using paired_timing::total_of;
+using workloads::gpt2_small_sizes;
+using workloads::make_group;
 
-template <class T>
-std::vector<std::vector<T>> make_group(const std::vector<std::size_t>& sizes, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<std::vector<T>> group;
-  for (const std::size_t n : sizes) {
-    group.emplace_back(n);
-    for (auto& x : group.back()) x = T(normal(rng));
-  }
-  return group;
-}
-
-/// A plain read of every byte, summed as 64-bit words (the memory roofline of a norm).
+/// A plain read of every byte (the memory roofline of a norm).
 template <class T>
 std::uint64_t read_all(const std::vector<std::vector<T>>& group) {
-  std::uint64_t sum = 0;
-  for (const auto& t : group) {
-    const std::size_t bytes = t.size() * sizeof(T);
-    const auto* p = reinterpret_cast<const unsigned char*>(t.data());
-    std::uint64_t lanes[8] = {};
-    std::size_t i = 0;
-    for (; i + 64 <= bytes; i += 64)
-      for (int j = 0; j < 8; ++j) {
-        std::uint64_t w;
-        std::memcpy(&w, p + i + 8 * j, 8);
-        lanes[j] += w;
-      }
-    for (; i < bytes; ++i) lanes[0] += p[i];
-    for (auto l : lanes) sum += l;
-  }
-  return sum;
+  std::uint64_t folded = 0;
+  for (const auto& t : group) folded ^= workloads::plain_read(t.data(), t.size() * sizeof(T));
+  return folded;
 }
 
 // ---- Many small tensors against the loop a user would write.
@@ -105,18 +83,6 @@ void small_tensors(benchmark::State& state, std::size_t count, std::size_t n) {
   state.counters["norm_ns_per_tensor"] = 1e9 * total_of(parts, "norm") / iterations / tensors;
   state.counters["clip_ns_per_tensor"] = 1e9 * total_of(parts, "clip") / iterations / tensors;
   state.counters["loop_ns_per_tensor"] = 1e9 * total_of(parts, "loop_norm") / iterations / tensors;
-}
-
-// ---- GPT-2 small's parameters: 148 tensors, 124 M elements.
-
-std::vector<std::size_t> gpt2_small_sizes() {
-  constexpr std::size_t d = 768, layers = 12, vocabulary = 50257, context = 1024;
-  std::vector<std::size_t> sizes{vocabulary * d, context * d};  // token and position embeddings
-  for (std::size_t l = 0; l < layers; ++l)
-    for (std::size_t n : {d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d}) sizes.push_back(n);
-  sizes.push_back(d);  // final layer norm
-  sizes.push_back(d);
-  return sizes;
 }
 
 template <class T>
@@ -185,14 +151,6 @@ void thread_scaling(benchmark::State& state) {
   state.counters["gain_2_per_read_gain"] = gain("norm", 2) / gain("read", 2);
   state.counters["norm_gain_all"] = gain("norm", all);
   state.counters["threads_all"] = all;
-}
-
-template <class F>
-void add_paired(const std::string& name, F&& f) {
-  benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(f))
-      ->MinTime(0.5)
-      ->UseRealTime()
-      ->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace

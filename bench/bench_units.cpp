@@ -11,6 +11,7 @@
 #include <gradclip/per_example.hpp>
 
 #include "paired.hpp"
+#include "workloads.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -33,21 +34,11 @@ namespace {
 
 using paired_timing::part;
 using paired_timing::total_of;
+using workloads::dtype_name;
+using workloads::plain_read;
 
-// ---- The roofline: eight 64-bit XOR chains per 64 bytes (the compiler makes them vectors), and an
-// in-place XOR with a key the compiler cannot see (zero): a read and a write of every byte.
-
-std::uint64_t plain_read(const void* data, std::size_t bytes) {
-  std::uint64_t chains[8] = {};
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i + 64 <= bytes; i += 64)
-    for (std::size_t c = 0; c < 8; ++c) {
-      std::uint64_t word;
-      std::memcpy(&word, p + i + 8 * c, sizeof word);
-      chains[c] ^= word;
-    }
-  return chains[0] ^ chains[1] ^ chains[2] ^ chains[3] ^ chains[4] ^ chains[5] ^ chains[6] ^ chains[7];
-}
+// ---- The roofline: workloads::plain_read, and an in-place XOR with a key the compiler cannot see
+// (zero): a read and a write of every byte.
 
 volatile std::uint64_t rewrite_key = 0;
 
@@ -70,14 +61,6 @@ void on_two_threads(F&& f) {
   std::thread helper([&] { f(0); });
   f(1);
   helper.join();
-}
-
-template <class T>
-const char* dtype_name() {
-  if constexpr (std::is_same_v<T, Eigen::half>) return "f16";
-  if constexpr (std::is_same_v<T, Eigen::bfloat16>) return "bf16";
-  if constexpr (std::is_same_v<T, float>) return "f32";
-  if constexpr (std::is_same_v<T, double>) return "f64";
 }
 
 template <class T>

@@ -25,6 +25,7 @@
 
 namespace {
 
+using paired_timing::add_paired;
 using paired_timing::part;
 using paired_timing::total_of;
 
@@ -181,14 +182,6 @@ void adagc_gpt2(benchmark::State& state) {
   paired_timing::run_parts(state, parts, [] {});
   state.counters["tensors"] = static_cast<double>(tensor_group.size());
   state.counters["adagc_per_global"] = total_of(parts, "adagc") / total_of(parts, "global");
-}
-
-template <class F>
-void add_paired(const std::string& name, F&& f) {
-  benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(f))
-      ->MinTime(0.5)
-      ->UseRealTime()
-      ->Unit(benchmark::kMillisecond);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace paired_timing {
@@ -37,6 +38,16 @@ void run_parts(benchmark::State& state, std::vector<part>& parts, Prepare&& prep
     }
     ++turn;
   }
+}
+
+/// Registers a paired case: each iteration runs every part, so half a second gives a few pairs per
+/// repetition; wall time, in milliseconds.
+template <class F>
+void add_paired(const std::string& name, F&& f) {
+  benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(f))
+      ->MinTime(0.5)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
 }
 
 /// The total time of the part named `name`, 0 when there is none.
