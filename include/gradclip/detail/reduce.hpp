@@ -147,7 +147,7 @@ inline constexpr bool counts_in_loop = K::target != isa::portable;
 /// common case, with no maximum to track), else rescanned by rescaled_block, and the parts merge;
 /// without, squares overflow as Acc does. observe(chunk, m) follows each observed_chunk elements; the
 /// bits are those of one pass, whatever the chunks. Where counts_in_loop, a census_observer is not
-/// called: the kernel counts each element as it sums it (census_lanes, kernels.inc), added to its census
+/// called: the kernel counts each element as it sums it (census_lanes.inc), added to its census
 /// at the end.
 template <class K, class Acc, bool MaxScales, class T, class Observe>
 inline partial_norm sum_squares(const T* p, std::size_t n, Observe&& observe) noexcept {
