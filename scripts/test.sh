@@ -50,10 +50,12 @@ build_and_test() {
 # The minimum counts are the tests each stage selects today, rounded down: losing an executable's tests
 # (a discovery or label gone wrong) fails the stage; adding tests needs no change here.
 build_and_test default 600 "${not_system[@]}"
-# The whole suite again with clang++ under AddressSanitizer and UndefinedBehaviorSanitizer, with the
-# examples, the package tests and the libFuzzer target's short run; not the 4 GiB test, which the default
-# build ran. Most unit tests build at -O0 (three times faster to compile under ASan than -O1), the examples
-# and docs programs at -O1 -g1 (at -O0 they would run ten times slower): tests/CMakeLists.txt. One build
+# The whole suite again with clang++ -ffp-contract=fast (which ignores the pragma against FMA contraction:
+# docs/reliability.md) under AddressSanitizer and UndefinedBehaviorSanitizer, with the examples, the
+# package tests and the libFuzzer target's short run; not the 4 GiB test, which the default build ran. Most
+# unit tests build at -O0 (three times faster to compile under ASan than -O1), test_kernels, the examples
+# and docs programs at -O1 -g1 (at -O0 they would run ten times slower, and clang would not fuse products
+# that test_kernels must find rounded): tests/CMakeLists.txt. One build
 # gives both the second compiler and the sanitizers, and the compiled mode (GRADCLIP_COMPILED_LIBRARY: every
 # test but the kernels' own uses the library, test_compiled checks its bits against the headers', and the
 # package tests consume it by every route), whose units also build faster.

@@ -63,7 +63,7 @@ inline quantile_rank torch_rank(double q, std::size_t n) noexcept {
 
 /// torch.lerp(a, b, w) for 0 <= w <= 1: the two-sided form, exact at both ends.
 inline double torch_lerp(double a, double b, double w) noexcept {
-  return w < 0.5 ? a + w * (b - a) : b - (b - a) * (1 - w);
+  return w < 0.5 ? a + rounded(w * (b - a)) : b - rounded((b - a) * (1 - w));
 }
 
 /// sums[i] += (min(norm_i, DBL_MAX) * 2^-g)^2 * 2^shift for the report's tensors (shift <= 0). A power of

@@ -1,6 +1,6 @@
-// What the compiler's flags mean for gradclip: the floating-point modes it refuses, and the inline
-// namespace that names the instruction sets a translation unit was compiled for. Every gradclip header
-// includes this one.
+// What the compiler's flags mean for gradclip: the floating-point modes it refuses, the products it keeps
+// from being fused into FMAs, and the inline namespace that names the instruction sets a translation unit
+// was compiled for. Every gradclip header includes this one.
 #pragma once
 
 #if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__) || defined(__ASSOCIATIVE_MATH__)
@@ -141,3 +141,36 @@
 #define GRADCLIP_FP_CONTRACT_OFF_BEGIN
 #define GRADCLIP_FP_CONTRACT_OFF_END
 #endif
+
+// Under -ffp-contract=fast, clang fuses products into FMAs across its pragma, so a product that must be
+// rounded also passes through GRADCLIP_OPAQUE(x): an empty asm that holds x in a register, which no
+// optimization sees into (detail::rounded). GCC honours its pragma and needs none.
+#if defined(__clang__) && defined(__x86_64__)
+#define GRADCLIP_OPAQUE(x) __asm__("" : "+v"(x))
+#elif defined(__clang__) && defined(__aarch64__)
+#define GRADCLIP_OPAQUE(x) __asm__("" : "+w"(x))
+#else
+#define GRADCLIP_OPAQUE(x) static_cast<void>(x)
+#endif
+// clang's inliner counts each of those asm statements as a call, and would leave kernels.inc's unrolled,
+// whose calls must inline for their vectors to stay in registers, out of line: it is flattened there.
+#if defined(__clang__)
+#define GRADCLIP_UNROLLED [[gnu::always_inline, gnu::flatten]]
+#else
+#define GRADCLIP_UNROLLED
+#endif
+
+namespace gradclip {
+inline namespace GRADCLIP_ABI {
+namespace detail {
+/// x as it is, but rounded before anything adds it: a product passed through it is never fused into an
+/// FMA, whatever the compiler's -ffp-contract (GRADCLIP_OPAQUE). The vector targets have their own, for
+/// their registers (simd.hpp).
+template <class V>
+inline V rounded(V x) noexcept {
+  GRADCLIP_OPAQUE(x);
+  return x;
+}
+}  // namespace detail
+}  // namespace GRADCLIP_ABI
+}  // namespace gradclip

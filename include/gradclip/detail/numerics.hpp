@@ -106,7 +106,7 @@ inline double_double two_sum(double a, double b) noexcept {
 /// square's own error (x^2 - square) are one FMA, x^2 - moved. The error goes to the lane's compensation.
 /// The vector kernels take the same steps.
 inline void add_square_compensated(double& sum, double& compensation, double x) noexcept {
-  const double square = x * x;
+  const double square = rounded(x * x);
   const double total = sum + square;
   const double moved = total - sum;
   const double lost = sum - (total - moved);

@@ -172,7 +172,7 @@ template <class T>
 inline double raw_term(T x, const power_tables<T>& tables) noexcept {
   constexpr int bits = power_tables<T>::bits;
   const unsigned b = Eigen::numext::bit_cast<std::uint16_t>(x);
-  return tables.exponents16[b >> bits] * tables.powers[b & ((1u << bits) - 1)];
+  return rounded(tables.exponents16[b >> bits] * tables.powers[b & ((1u << bits) - 1)]);
 }
 
 /// sum (|x| 2^-E)^p over a block of 16-bit elements without subnormals, from T's own bit fields:

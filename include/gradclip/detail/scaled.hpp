@@ -102,9 +102,9 @@ inline scaled quotient_with_tail(double numerator, const scaled& denominator, do
   const scaled n = scaled::of(numerator);
   const double q = n.mantissa / hi;
   if (q == 0.0 || !std::isfinite(q)) return scaled{q, 0}.normalized();
-  const double rest = (std::fma(-q, hi, n.mantissa) - q * lo) / hi;  // the FMA residual is exact
-  const double rounded = q + rest;
-  return scaled{rounded, n.exponent - base, rest - (rounded - q)}.normalized();
+  const double rest = (std::fma(-q, hi, n.mantissa) - rounded(q * lo)) / hi;  // the FMA residual is exact
+  const double sum = q + rest;
+  return scaled{sum, n.exponent - base, rest - (sum - q)}.normalized();
 }
 
 }  // namespace detail

@@ -147,10 +147,10 @@ struct portable {
     static void store(T* p, vec v) noexcept {
       *p = narrow<T>(v);
     }
-    static vec add_square(vec acc, vec v) noexcept { return acc + v * v; }
+    static vec add_square(vec acc, vec v) noexcept { return acc + rounded(v * v); }
     static vec add_exact_square(vec acc, vec v) noexcept { return acc + v * v; }  // v * v is exact
     static vec add(vec a, vec b) noexcept { return a + b; }
-    static vec mul(vec a, vec b) noexcept { return a * b; }
+    static vec mul(vec a, vec b) noexcept { return rounded(a * b); }
     static double to_double(vec v) noexcept { return static_cast<double>(v); }
   };
 
@@ -175,9 +175,9 @@ struct portable {
     }
     static vec add(vec a, vec b) noexcept { return a + b; }
     static vec sub(vec a, vec b) noexcept { return a - b; }
-    static vec mul(vec a, vec b) noexcept { return a * b; }
+    static vec mul(vec a, vec b) noexcept { return rounded(a * b); }
     static vec div(vec a, vec b) noexcept { return a / b; }
-    static vec add_square(vec acc, vec v) noexcept { return acc + v * v; }
+    static vec add_square(vec acc, vec v) noexcept { return acc + rounded(v * v); }
     static vec add_exact_square(vec acc, vec v) noexcept { return acc + v * v; }  // v * v is exact
     static vec fmadd(vec a, vec b, vec c) noexcept { return std::fma(a, b, c); }
     static vec fmsub(vec a, vec b, vec c) noexcept { return std::fma(a, b, -c); }
@@ -293,6 +293,13 @@ GRADCLIP_FP_CONTRACT_OFF_END
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 struct avx2 {
+  /// config.hpp's rounded, compiled for this target: its vectors need the target's registers.
+  template <class V>
+  static V rounded(V x) noexcept {
+    GRADCLIP_OPAQUE(x);
+    return x;
+  }
+
   static constexpr isa target = isa::avx2;
   static constexpr bool bf16_instruction = false;  // see avx512
 
@@ -318,16 +325,16 @@ struct avx2 {
       const __m256i bits = _mm256_castps_si256(v);
       const __m256i high = _mm256_srli_epi32(bits, 16);
       const __m256i bias = _mm256_add_epi32(_mm256_and_si256(high, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
-      const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
+      const __m256i nearest = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
       const __m256i quiet =
           _mm256_or_si256(_mm256_and_si256(high, _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7fc0));
       const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-      const __m256i result = _mm256_blendv_epi8(rounded, quiet, nan);
+      const __m256i result = _mm256_blendv_epi8(nearest, quiet, nan);
       // packus works per 128-bit half: gather the two low quadwords.
       const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(result, result), 0x08);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
     }
-    static vec add_square(vec acc, vec v) noexcept { return _mm256_add_ps(acc, _mm256_mul_ps(v, v)); }
+    static vec add_square(vec acc, vec v) noexcept { return _mm256_add_ps(acc, rounded(_mm256_mul_ps(v, v))); }
     static vec add_exact_square(vec acc, vec v) noexcept { return _mm256_fmadd_ps(v, v, acc); }  // one rounding
     static constexpr bool bf16_pairs = true;
     // BF16 pairs in 32-bit lanes: the low and the high elements as FP32.
@@ -358,7 +365,7 @@ struct avx2 {
     }
     static __m256d widen_low(vec v) noexcept { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
     static __m256d widen_high(vec v) noexcept { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
-    static vec mul(vec a, vec b) noexcept { return _mm256_mul_ps(a, b); }
+    static vec mul(vec a, vec b) noexcept { return rounded(_mm256_mul_ps(a, b)); }
     static vec add(vec a, vec b) noexcept { return _mm256_add_ps(a, b); }
   };
 
@@ -379,7 +386,7 @@ struct avx2 {
     }
     static void store(double* p, vec v) noexcept { _mm256_storeu_pd(p, v); }
     static void store(float* p, vec v) noexcept { _mm_storeu_ps(p, _mm256_cvtpd_ps(v)); }
-    static vec add_square(vec acc, vec v) noexcept { return _mm256_add_pd(acc, _mm256_mul_pd(v, v)); }
+    static vec add_square(vec acc, vec v) noexcept { return _mm256_add_pd(acc, rounded(_mm256_mul_pd(v, v))); }
     static vec add(vec a, vec b) noexcept { return _mm256_add_pd(a, b); }
     template <std::size_t G>  // see f32::fold
     static vec fold(vec a, vec b) noexcept {
@@ -391,7 +398,7 @@ struct avx2 {
         return _mm256_permute4x64_pd(s, 0xd8);
       }
     }
-    static vec mul(vec a, vec b) noexcept { return _mm256_mul_pd(a, b); }
+    static vec mul(vec a, vec b) noexcept { return rounded(_mm256_mul_pd(a, b)); }
     static vec abs(vec v) noexcept { return _mm256_andnot_pd(_mm256_set1_pd(-0.0), v); }
     template <class T, std::size_t N>  // see portable::f64
     static void add_magnitudes(vec (&acc)[N], const T* p) noexcept {
@@ -620,6 +627,13 @@ struct avx2 {
 // The masked (maskz) forms of the intrinsics: GCC 12's unmasked ones start from an "undefined" vector
 // that -Wmaybe-uninitialized reports wherever they are inlined (GCC bug 105593).
 struct avx512 {
+  /// config.hpp's rounded, compiled for this target: its vectors need the target's registers.
+  template <class V>
+  static V rounded(V x) noexcept {
+    GRADCLIP_OPAQUE(x);
+    return x;
+  }
+
   static constexpr isa target = isa::avx512;
 
   struct f32 {
@@ -647,13 +661,13 @@ struct avx512 {
       const __m512i bits = _mm512_castps_si512(v);
       const __m512i high = _mm512_maskz_srli_epi32(0xffff, bits, 16);
       const __m512i bias = _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
-      const __m512i rounded = _mm512_maskz_srli_epi32(0xffff, _mm512_add_epi32(bits, bias), 16);
+      const __m512i nearest = _mm512_maskz_srli_epi32(0xffff, _mm512_add_epi32(bits, bias), 16);
       const __m512i quiet =
           _mm512_or_si512(_mm512_and_si512(high, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7fc0));
-      const __m512i result = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, quiet);
+      const __m512i result = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), nearest, quiet);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_maskz_cvtepi32_epi16(0xffff, result));
     }
-    static vec add_square(vec acc, vec v) noexcept { return _mm512_add_ps(acc, _mm512_mul_ps(v, v)); }
+    static vec add_square(vec acc, vec v) noexcept { return _mm512_add_ps(acc, rounded(_mm512_mul_ps(v, v))); }
     static vec add_exact_square(vec acc, vec v) noexcept { return _mm512_fmadd_ps(v, v, acc); }  // one rounding
     static constexpr bool bf16_pairs = true;
     static vec low_halves(__m512i pairs) noexcept {  // see avx2::f32
@@ -673,7 +687,7 @@ struct avx512 {
     static __m512d widen_high(vec v) noexcept {
       return _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, v, 1));
     }
-    static vec mul(vec a, vec b) noexcept { return _mm512_mul_ps(a, b); }
+    static vec mul(vec a, vec b) noexcept { return rounded(_mm512_mul_ps(a, b)); }
     static vec add(vec a, vec b) noexcept { return _mm512_add_ps(a, b); }
     template <std::size_t G>  // see avx2::f32::fold
     static vec fold(vec a, vec b) noexcept {
@@ -703,7 +717,7 @@ struct avx512 {
     }
     static void store(double* p, vec v) noexcept { _mm512_storeu_pd(p, v); }
     static void store(float* p, vec v) noexcept { _mm256_storeu_ps(p, _mm512_maskz_cvtpd_ps(0xff, v)); }
-    static vec add_square(vec acc, vec v) noexcept { return _mm512_add_pd(acc, _mm512_mul_pd(v, v)); }
+    static vec add_square(vec acc, vec v) noexcept { return _mm512_add_pd(acc, rounded(_mm512_mul_pd(v, v))); }
     static vec add(vec a, vec b) noexcept { return _mm512_add_pd(a, b); }
     template <std::size_t G>  // see avx2::f32::fold
     static vec fold(vec a, vec b) noexcept {
@@ -712,7 +726,7 @@ struct avx512 {
       const __m512i high = _mm512_loadu_si512(fold_sources<std::int64_t, width, G, true>::lanes);
       return _mm512_add_pd(_mm512_permutex2var_pd(a, low, b), _mm512_permutex2var_pd(a, high, b));
     }
-    static vec mul(vec a, vec b) noexcept { return _mm512_mul_pd(a, b); }
+    static vec mul(vec a, vec b) noexcept { return rounded(_mm512_mul_pd(a, b)); }
     static vec abs(vec v) noexcept { return _mm512_abs_pd(v); }
     template <class T, std::size_t N>  // see portable::f64
     static void add_magnitudes(vec (&acc)[N], const T* p) noexcept {
@@ -941,8 +955,8 @@ struct avx512 {
       if (_mm512_fpclass_ps_mask(v, nan_or_subnormal) != 0) {
         f32::store(p + i, v);
       } else {
-        const __m256bh rounded = _mm512_cvtneps_pbh(v);
-        std::memcpy(static_cast<void*>(p + i), &rounded, sizeof rounded);
+        const __m256bh nearest = _mm512_cvtneps_pbh(v);
+        std::memcpy(static_cast<void*>(p + i), &nearest, sizeof nearest);
       }
     }
     for (; i < n; ++i) p[i] = narrow<Eigen::bfloat16>(widen<float>(p[i]) * c);
