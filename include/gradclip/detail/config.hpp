@@ -1,11 +1,23 @@
-// What the compiler's flags mean for gradclip: the floating-point modes it refuses, the products it keeps
-// from being fused into FMAs, and the inline namespace that names the instruction sets a translation unit
-// was compiled for. Every gradclip header includes this one.
+// What the compiler's flags mean for gradclip: the floating-point modes and -fno-exceptions, which it refuses, the
+// products it keeps from being fused into FMAs, and the inline namespace that names the instruction sets a
+// translation unit was compiled for. Every gradclip header includes this one.
 #pragma once
 
 #if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__) || defined(__ASSOCIATIVE_MATH__)
 #error \
     "gradclip: -ffast-math, -ffinite-math-only and -fassociative-math are not supported. Under them the compiler may assume no NaN or Inf exists (so a non-finite gradient would be clipped as if it were finite) and may reorder the compensated sums (so the documented error bounds would not hold). Compile the translation units that include gradclip without these flags (e.g. add -fno-fast-math after them)."
+#endif
+
+// g++ names -fno-signed-zeros (clang does not). Under it, built by g++ 12, test_kernels' weighted sums lost the
+// sign of their -0 starts, and test_p_norm_kernels found gradients holding an Inf finite at p = 0.5.
+#if defined(__NO_SIGNED_ZEROS__)
+#error \
+    "gradclip: -fno-signed-zeros is not supported. Built with it by g++ 12, the kernels gave a finite p = 0.5 norm for a gradient that holds an Inf, and weighted sums of -0 products lost their sign. Compile the translation units that include gradclip without it (e.g. add -fsigned-zeros after it)."
+#endif
+
+#if !defined(__cpp_exceptions)
+#error \
+    "gradclip: -fno-exceptions is not supported. gradclip reports bad input by throwing (std::invalid_argument, gradclip::nonfinite_error), and its thread pool hands a job's exception to the caller. Compile the translation units that include gradclip with exceptions (-fexceptions)."
 #endif
 
 // Every gradclip function is inline, so each translation unit that uses one emits a copy, and the linker
