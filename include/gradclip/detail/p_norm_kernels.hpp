@@ -162,8 +162,10 @@ struct power_tables {
 // Rounded products as in table_term, whatever the user's -ffp-contract, and loads kept scalar: gathers
 // (what the vectorizer would make of them) run several times slower on AMD Zen 4.
 #if defined(__clang__)
+#if !defined(__aarch64__)  // as GRADCLIP_FP_CONTRACT_OFF_BEGIN
 #pragma float_control(push)
 #pragma clang fp contract(off)
+#endif
 #elif defined(__GNUC__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off", "no-tree-vectorize")
@@ -192,7 +194,9 @@ inline double raw_sum(const T* b, std::size_t m, const power_tables<T>& tables) 
   return sum_lanes(acc);
 }
 #if defined(__clang__)
+#if !defined(__aarch64__)
 #pragma float_control(pop)
+#endif
 #elif defined(__GNUC__)
 #pragma GCC pop_options
 #endif
