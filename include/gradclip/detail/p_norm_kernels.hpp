@@ -161,14 +161,10 @@ struct power_tables {
 
 // Rounded products as in table_term, whatever the user's -ffp-contract, and loads kept scalar: gathers
 // (what the vectorizer would make of them) run several times slower on AMD Zen 4.
-#if defined(__clang__)
-#if !defined(__aarch64__)  // as GRADCLIP_FP_CONTRACT_OFF_BEGIN
-#pragma float_control(push)
-#pragma clang fp contract(off)
-#endif
-#elif defined(__GNUC__)
+GRADCLIP_FP_CONTRACT_OFF_BEGIN
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
-#pragma GCC optimize("fp-contract=off", "no-tree-vectorize")
+#pragma GCC optimize("no-tree-vectorize")
 #endif
 template <class T>
 inline double raw_term(T x, const power_tables<T>& tables) noexcept {
@@ -193,13 +189,10 @@ inline double raw_sum(const T* b, std::size_t m, const power_tables<T>& tables) 
   for (std::size_t j = 0; i + j < m; ++j) acc[j] += raw_term(b[i + j], tables);
   return sum_lanes(acc);
 }
-#if defined(__clang__)
-#if !defined(__aarch64__)
-#pragma float_control(pop)
-#endif
-#elif defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif
+GRADCLIP_FP_CONTRACT_OFF_END
 
 /// One target's kernels that general_kernel calls, as pointers, so that its loop, its tables and its
 /// scaling are compiled once per element type rather than once per target and type. The series terms
