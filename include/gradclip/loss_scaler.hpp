@@ -279,6 +279,7 @@ class loss_scaler {
   template <class Policy, class Group>
   auto unscaled_norm(const Group& group, const options& opt) const {
     return [&group, &opt, s = scale_] {
+      if (opt.report) detail::report_staging::keep_parts(*opt.report);  // for unscale
       const partial_norm scaled = detail::reduce<Policy>(group, opt);
       if (opt.report)
         detail::report_staging::unscale(

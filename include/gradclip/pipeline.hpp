@@ -409,20 +409,25 @@ struct reports_tensors<Layout, std::void_t<decltype(std::declval<const Layout&>(
 /// Writes a call's staged report in piece order, which is gradient order: each piece's parts and census
 /// complete its gradient's entry as they come, so that a gradient of one piece (every small one) is
 /// written once, with no pass over the entries beforehand or afterwards; a gradient without pieces gets an
-/// empty entry. A report of many small gradients then costs little more than their census.
+/// empty entry. Inlined into the reduction's loop; the parts are stored only where they are read again
+/// (a gradient cut into pieces, the loss scaler's unscale), so that a report of many small gradients
+/// costs little more than their census and their entries' stores.
 class report_writer {
  public:
   report_writer(tensor_report& report, std::size_t tensors, double order)
-      : stats_(report_staging::stats(report)), parts_(report_staging::parts(report)), kind_(order), order_(order) {
+      : stats_(report_staging::stats(report)), kind_(order), order_(order), last_{0, 0.0, true, order} {
     report_staging::stage(report, tensors);
+    parts_ = report_staging::parts(report);
   }
   /// Adds a piece of gradient k (k never decreases): its parts, of the call's kind, and its census.
-  void add(std::size_t k, const partial_norm* piece_parts, std::size_t count, const census& counts) noexcept {
+  [[gnu::always_inline]] void add(std::size_t k, const partial_norm* piece_parts, std::size_t count,
+                                  const census& counts) noexcept {
     if (k + 1 == written_) return add_to_last(piece_parts, count, counts);
     while (written_ < k) write(written_++, {0, 0.0, true, order_}, {});
     partial_norm part{0, 0.0, true, order_};
     for (std::size_t u = 0; u < count; ++u) part.merge(piece_parts[u]);
     write(written_++, part, counts);
+    if (counts.size == piece_elements) keep(last_, part);  // a whole piece: more of its gradient may follow
   }
   /// Writes the empty entries of the gradients after the last piece.
   void finish() noexcept {
@@ -430,7 +435,7 @@ class report_writer {
   }
 
  private:
-  void write(std::size_t k, const partial_norm& part, const census& counts) noexcept {
+  [[gnu::always_inline]] void write(std::size_t k, const partial_norm& part, const census& counts) noexcept {
     tensor_stats& t = stats_[k];
     // part.norm(), with the kind's decisions taken once for the call
     t.norm = part.finite && part.sum > 0.0 ? kind_.root_value(part.sum, part.low, part.exponent, part.elements)
@@ -438,9 +443,11 @@ class report_writer {
     t.max_abs = counts.nan ? std::numeric_limits<double>::quiet_NaN() : counts.max_abs;
     t.size = counts.size, t.nan = counts.nan, t.inf = counts.inf;
     t.zeros = counts.zeros, t.subnormals = counts.subnormals;
-    // Field by field: a copy of the whole part is assembled on the stack from registers and read back
-    // wide, which stalls on the narrow stores (store forwarding) once per gradient.
-    partial_norm& out = parts_[k];
+    if (parts_) keep((*parts_)[k], part);
+  }
+  /// out = part, field by field: a copy of the whole part is assembled on the stack from registers and read
+  /// back wide, which stalls on the narrow stores (store forwarding) once per gradient.
+  [[gnu::always_inline]] static void keep(partial_norm& out, const partial_norm& part) noexcept {
     out.exponent = part.exponent, out.sum = part.sum, out.finite = part.finite, out.p = part.p;
     out.low = part.low, out.elements = part.elements;
   }
@@ -453,15 +460,17 @@ class report_writer {
     const tensor_stats& t = stats_[k];
     census total{t.size, t.nan, t.inf, t.zeros, t.subnormals, t.max_abs};  // a NaN max_abs stays: nan > 0
     total.merge(counts);
-    partial_norm part = parts_[k];
+    partial_norm part = last_;
     for (std::size_t u = 0; u < count; ++u) part.merge(piece_parts[u]);
     write(k, part, total);
+    keep(last_, part);
   }
 
   std::vector<tensor_stats>& stats_;
-  std::vector<partial_norm>& parts_;
+  std::vector<partial_norm>* parts_ = nullptr;  // each gradient's part, when the report keeps them
   norm_kind kind_;
   double order_;
+  partial_norm last_;  // the part of gradient written_ - 1, when its last piece was a whole one
   std::size_t written_ = 0;
 };
 
@@ -495,7 +504,9 @@ template <class Policy, bool Reporting, class Layout, class Parts>
   layout.for_each_piece([&](const auto& p) {
     census counts;
     reduce_piece<Policy, interleaves<Layout>::value>(
-        p, order, Reporting ? &counts : nullptr, [&](const partial_norm* piece_parts, std::size_t count) {
+        p, order, Reporting ? &counts : nullptr,
+        // Inlined (GCC leaves this sink out of line once it reports): a call per piece spills the parts.
+        [&](const partial_norm* piece_parts, std::size_t count) __attribute__((always_inline)) {
           merge_piece(parts, tensors, p.unit, p.tensor, piece_parts, count, order);
           if constexpr (Reporting) report->add(p.tensor, piece_parts, count, counts);
         });

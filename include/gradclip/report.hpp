@@ -64,8 +64,9 @@ class tensor_report {
   friend struct detail::report_staging;
   std::vector<tensor_stats> tensors_;
   std::vector<tensor_stats> pending_;  // filled while a call reads; swapped in once nothing can throw
-  std::vector<partial_norm> parts_;    // each gradient's part while the call reads
+  std::vector<partial_norm> parts_;    // each gradient's part while the call reads, when kept (keep_parts)
   bool staged_ = false;                // pending_ belongs to the call in progress
+  bool keep_parts_ = false;            // the call in progress keeps parts_ (the loss scaler unscales them)
 };
 
 namespace detail {
@@ -73,23 +74,27 @@ namespace detail {
 /// a call that throws leaves the report as it was. Both vectors keep their capacity: steady-state steps
 /// allocate nothing.
 struct report_staging {
-  /// Sizes the pending entries for `tensors` gradients, left as they are: the caller writes every one
-  /// (pipeline.hpp's report_writer), so they are not cleared first.
+  /// Asks the next stage() to keep each gradient's part beside its entry, for unscale(); until the call
+  /// commits or unstages. Other calls store no parts: a report of many small gradients writes less.
+  static void keep_parts(tensor_report& r) noexcept { r.keep_parts_ = true; }
+  /// Sizes the pending entries (and the parts, when kept) for `tensors` gradients, left as they are: the
+  /// caller writes every one (pipeline.hpp's report_writer), so they are not cleared first.
   static void stage(tensor_report& r, std::size_t tensors) {
     r.staged_ = false;
     r.pending_.resize(tensors);
-    r.parts_.resize(tensors);
+    if (r.keep_parts_) r.parts_.resize(tensors);
     r.staged_ = true;
   }
   static std::vector<tensor_stats>& stats(tensor_report& r) noexcept { return r.pending_; }
-  static std::vector<partial_norm>& parts(tensor_report& r) noexcept { return r.parts_; }
+  /// Where the staged parts go: null unless keep_parts() asked for them.
+  static std::vector<partial_norm>* parts(tensor_report& r) noexcept { return r.keep_parts_ ? &r.parts_ : nullptr; }
   static bool staged(const tensor_report& r) noexcept { return r.staged_; }
-  static void unstage(tensor_report& r) noexcept { r.staged_ = false; }
+  static void unstage(tensor_report& r) noexcept { r.staged_ = r.keep_parts_ = false; }
   /// The staged norms and maxima of gradients read scaled by S (the loss scaler): each norm recomputed from
   /// unscale(part), each max_abs divided by S; the counts stay those of the stored elements.
   template <class Unscale>
   static void unscale(tensor_report& r, Unscale&& unscale_part, double s) {
-    if (!r.staged_) return;
+    if (!r.staged_ || !r.keep_parts_) return;
     for (std::size_t k = 0; k < r.pending_.size(); ++k) {
       r.pending_[k].norm = unscale_part(r.parts_[k]).norm();
       r.pending_[k].max_abs /= s;
@@ -97,6 +102,7 @@ struct report_staging {
   }
   /// Publishes what the call in progress staged; nothing when it staged nothing (a norm reduced elsewhere).
   static void commit(tensor_report& r) noexcept {
+    r.keep_parts_ = false;
     if (!r.staged_) return;
     r.tensors_.swap(r.pending_);
     r.staged_ = false;

@@ -126,7 +126,8 @@ class norm_kind {
 
   /// root(...).value(); an unscaled square root (the common case) skips the normalization round trip:
   /// the root of a positive double is a normal double, which splitting and joining gives back exactly.
-  double root_value(double sum, double low, int exponent, std::uint64_t elements) const noexcept {
+  [[gnu::always_inline]] double root_value(double sum, double low, int exponent,
+                                           std::uint64_t elements) const noexcept {
     if (row_.root == norm_root::square_root && exponent == 0) return std::sqrt(sum + low);
     return root(sum, low, exponent, elements).value();
   }

@@ -183,7 +183,7 @@ struct partial_norm {
 
   /// merge's common case, inline: finite parts of one sum at one scale (or an empty other part), whose
   /// total is finite. False, and nothing changed, otherwise.
-  bool merged_at_one_scale(const partial_norm& other) noexcept {
+  [[gnu::always_inline]] bool merged_at_one_scale(const partial_norm& other) noexcept {
     if (!(finite && other.finite && other.p == p && other.exponent == exponent)) return false;
     if (other.sum == 0.0) return true;
     if (detail::norm_kind{p}.merges_by_maximum()) return false;
