@@ -15,6 +15,14 @@
     "gradclip: -fno-signed-zeros is not supported. Built with it by g++ 12, the kernels gave a finite p = 0.5 norm for a gradient that holds an Inf, and weighted sums of -0 products lost their sign. Compile the translation units that include gradclip without it (e.g. add -fsigned-zeros after it)."
 #endif
 
+// x87 arithmetic (g++ -mfpmath=387, 32-bit x86 without SSE2) keeps doubles in 80-bit registers and rounds
+// them when it spills: the scalar code's bits then differ from the vector targets', and the compensated
+// sums' error terms come out wrong. Built so, test_kernels failed 26 of its 64 tests.
+#if defined(__FLT_EVAL_METHOD__) && __FLT_EVAL_METHOD__ != 0
+#error \
+    "gradclip: excess floating-point precision (FLT_EVAL_METHOD != 0: x87 arithmetic, from -mfpmath=387 or a 32-bit x86 target without SSE2) is not supported. It rounds each operation to whatever width the compiler keeps it in, so the compensated sums lose their error terms and the results depend on register allocation. Compile with SSE2 arithmetic (-msse2 -mfpmath=sse; the default on x86-64)."
+#endif
+
 #if !defined(__cpp_exceptions)
 #error \
     "gradclip: -fno-exceptions is not supported. gradclip reports bad input by throwing (std::invalid_argument, gradclip::nonfinite_error), and its thread pool hands a job's exception to the caller. Compile the translation units that include gradclip with exceptions (-fexceptions)."
