@@ -506,7 +506,7 @@ template <class Policy, bool Reporting, class Layout, class Parts>
     reduce_piece<Policy, interleaves<Layout>::value>(
         p, order, Reporting ? &counts : nullptr,
         // Inlined (GCC leaves this sink out of line once it reports): a call per piece spills the parts.
-        [&](const partial_norm* piece_parts, std::size_t count) __attribute__((always_inline)) {
+        [&](const partial_norm* piece_parts, std::size_t count) GRADCLIP_INLINE_LAMBDA {
           merge_piece(parts, tensors, p.unit, p.tensor, piece_parts, count, order);
           if constexpr (Reporting) report->add(p.tensor, piece_parts, count, counts);
         });

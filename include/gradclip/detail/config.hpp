@@ -185,6 +185,13 @@
 #else
 #define GRADCLIP_UNROLLED
 #endif
+// A lambda always inlined into its caller (pipeline.hpp's per-piece sink). GCC and clang take the attribute
+// after the parameters in this spelling; [[gnu::always_inline]] there would name the type and be ignored.
+#if defined(__GNUC__) || defined(__clang__)
+#define GRADCLIP_INLINE_LAMBDA __attribute__((always_inline))
+#else
+#define GRADCLIP_INLINE_LAMBDA
+#endif
 
 namespace gradclip {
 inline namespace GRADCLIP_ABI {
