@@ -404,6 +404,51 @@ TYPED_TEST(Kernels, MultiplyKeepsNanInfAndSubnormals) {
   });
 }
 
+// Only speed depends on how the streaming loops read (`streaming`, chosen by CPU vendor): AMD's choices,
+// everyone else's, and neither prefetches nor BF16 pairs give this CPU's bits, on every target.
+TYPED_TEST(Kernels, EveryStreamingChoiceGivesTheSameBits) {
+  using T = TypeParam;
+  using gradclip::detail::stream_tuning;
+  std::mt19937_64 rng(seed + 11);
+  const auto data = random_values<T>(3 * 8192 + 5, rng, 100.0);
+  const auto results = [&] {
+    std::vector<std::uint64_t> out;
+    for (isa target : all_isas()) {
+      with_isa(target, [&](auto k) {
+        using K = decltype(k);
+        std::size_t done = 0;
+        for_each_accumulator<T>([&](auto acc) {
+          out.push_back(
+              bits(K::template block_sums<decltype(acc), false>(data.data() + 1, data.size() - 1, 0x1p-40, done)));
+        });
+        if constexpr (std::is_same_v<T, double>) {
+          const auto dot2 = K::template compensated_squares<false>(data.data() + 1, data.size() - 1, 0.0, 0.0, done);
+          out.push_back(bits(dot2.hi));
+          out.push_back(bits(dot2.lo));
+        }
+        out.push_back(bits(K::sum_abs(data.data() + 1, data.size() - 1)));
+        for_each_compute<T>([&](auto compute) {
+          using Compute = decltype(compute);
+          auto scaled = data;
+          K::template multiply<Compute>(scaled.data() + 1, scaled.size() - 1, Compute(0.3));
+          for (T x : scaled) out.push_back(bits(x));
+        });
+      });
+    }
+    return out;
+  };
+  stream_tuning& tuning = gradclip::detail::streaming;
+  const stream_tuning own = tuning;
+  const auto expected = results();
+  for (bool amd : {true, false}) {
+    tuning = stream_tuning::for_vendor(amd);
+    EXPECT_EQ(results(), expected) << (amd ? "AMD's choices" : "the others' choices");
+  }
+  tuning = {false, 0, false};
+  EXPECT_EQ(results(), expected) << "no prefetch, no pairs";
+  tuning = own;
+}
+
 // ---- Update clipping (update_kernels.inc): StableAdamW's quotient lanes and SPAM's test
 
 bool same_double(double a, double b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0; }
