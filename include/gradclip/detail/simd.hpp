@@ -100,7 +100,8 @@ struct stream_tuning {
   bool bf16_pairs;                 ///< whether block_squares reads BF16 as 32-bit pairs (where ops allow)
 
   static constexpr stream_tuning for_vendor(bool amd) noexcept {
-    return amd ? stream_tuning{false, 4 * prefetch_distance, false} : stream_tuning{true, 2 * prefetch_distance, true};
+    constexpr auto distance = static_cast<std::ptrdiff_t>(prefetch_distance);
+    return amd ? stream_tuning{false, 4 * distance, false} : stream_tuning{true, 2 * distance, true};
   }
 };
 
