@@ -16,6 +16,7 @@
 #include <gradclip/detail/reduce.hpp>
 #include <gradclip/detail/scale.hpp>
 #include <gradclip/detail/scaled.hpp>
+#include <gradclip/detail/scratch.hpp>
 #include <gradclip/detail/strided_view.hpp>
 #include <gradclip/detail/thread_pool.hpp>
 #include <gradclip/grad_view.hpp>
@@ -301,7 +302,7 @@ class unit_parts {
   std::size_t size() const noexcept { return parts_.size(); }
 
  private:
-  std::vector<partial_norm> parts_;
+  scratch_vector<partial_norm> parts_;
 };
 template <>
 class unit_parts<true> {
@@ -358,7 +359,7 @@ void reduce_columns(const piece<T>& p, double order, partial_norm* out) {
   with_isa(best_isa(), [&](auto k) {
     using K = decltype(k);
     if constexpr (std::is_same_v<element, double>) {
-      std::vector<double> sum(units), compensation(units), top(units);
+      scratch_vector<double> sum(units), compensation(units), top(units);
       K::column_squares_compensated(p.view.data, units, columns, stride, sum.data(), compensation.data(), top.data());
       const double lo = std::ldexp(1.0, -safe_exponent_range<double> - 1);
       const double hi = std::ldexp(1.0, safe_exponent_range<double>);
@@ -373,7 +374,7 @@ void reduce_columns(const piece<T>& p, double order, partial_norm* out) {
       }
     } else {
       using Acc = robust_t<element>;
-      std::vector<double> sums(units);
+      scratch_vector<double> sums(units);
       K::template column_squares<Acc>(p.view.data, units, columns, stride, sums.data());
       const double min_sum = fits_without_scaling<element, Acc> ? 0.0 : std::ldexp(1.0, -2 * safe_exponent_range<Acc>);
       for (std::size_t u = 0; u < units; ++u) {
@@ -487,7 +488,7 @@ template <class Policy, bool Interleaves, class T, class Sink>
     return sink(&part, 1);
   }
   if constexpr (Interleaves) {
-    std::vector<partial_norm> columns(p.units());
+    scratch_vector<partial_norm> columns(p.units());
     reduce_columns<Policy>(p, order, columns.data());
     if (counts) p.view.for_each_run([&](const auto* q, std::size_t n) { observer(q, n); });
     sink(columns.data(), columns.size());
@@ -534,7 +535,11 @@ unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, con
     else
       merge_pieces<Policy, false>(layout, order, parts, tensors, nullptr);
   } else {
-    std::vector<std::vector<partial_norm>> results(pieces.size());
+    std::vector<scratch_vector<partial_norm>> results(pieces.size());
+    // Reserved here, so that the helpers fill this thread's kept blocks (scratch.hpp) instead of taking
+    // new ones that this thread would keep and they would fault in again on the next call.
+    for (std::size_t i = 0; i < pieces.size(); ++i)
+      pieces[i].visit([&](const auto& p) { results[i].reserve(p.units()); });
     std::vector<census> counts(report ? pieces.size() : 0);
     run_pieces(pieces, threads, opt.pool, [&](std::size_t i) {
       pieces[i].visit([&](const auto& p) {
@@ -692,7 +697,7 @@ struct unit_thresholds {
 
 /// One plan per unit: inline for the single-unit layouts (no allocation), a vector otherwise.
 template <bool Single>
-using unit_plans = std::conditional_t<Single, std::array<clip_plan, 1>, std::vector<clip_plan>>;
+using unit_plans = std::conditional_t<Single, std::array<clip_plan, 1>, scratch_vector<clip_plan>>;
 
 template <class Source, class = void>
 struct plans_by_itself : std::false_type {};
@@ -741,14 +746,14 @@ void write_pieces(const Layout& layout, const options& opt, Write&& write) {
 /// other policies, tiny factors, or a unit that does not clip and is not finite (it must keep its bits).
 /// `values` holds each unit's coefficient, computed once for all the pieces.
 template <class Policy, class T, class Plans>
-bool scale_columns(const piece<T>& p, const Plans& plans, const std::vector<double>& values) {
+bool scale_columns(const piece<T>& p, const Plans& plans, const scratch_vector<double>& values) {
   using element = T;
   if constexpr (std::is_same_v<element, double> || !std::is_same_v<Policy, robust>) {
     return false;
   } else {
     using Compute = std::conditional_t<sizeof(T) == 2, float, double>;
     const std::size_t units = p.view.inner_size;
-    std::vector<Compute> factor(units, Compute(1));
+    scratch_vector<Compute> factor(units, Compute(1));
     for (std::size_t u = 0; u < units; ++u) {
       const clip_plan& plan = plans[p.unit + u];
       if (!plan.result.clipped) {
@@ -779,17 +784,17 @@ void apply_units(const Layout& layout, const Plans& plans, const options& opt) {
   for (const auto& plan : plans) any = any || plan.result.clipped;
   if (!any) return;
   // The coefficients, each prepared once for every run of its unit (many small tensors make many runs).
-  std::conditional_t<single, std::array<scaler<Policy>, 1>, std::vector<scaler<Policy>>> scalers = [&] {
+  std::conditional_t<single, std::array<scaler<Policy>, 1>, scratch_vector<scaler<Policy>>> scalers = [&] {
     if constexpr (single) {
       return std::array<scaler<Policy>, 1>{scaler<Policy>(plans[0].coefficient)};
     } else {
-      std::vector<scaler<Policy>> all;
+      scratch_vector<scaler<Policy>> all;
       all.reserve(plans.size());
       for (const auto& plan : plans) all.emplace_back(plan.coefficient);
       return all;
     }
   }();
-  std::vector<double> values;
+  scratch_vector<double> values;
   if constexpr (!single) {
     values.resize(plans.size());
     for (std::size_t u = 0; u < plans.size(); ++u)
