@@ -15,6 +15,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include <sys/resource.h>
+
 #include <Eigen/Core>
 #include <unsupported/Eigen/CXX11/Tensor>
 
@@ -180,19 +182,28 @@ void per_layer_against_flat(benchmark::State& state) {
 // agc_x_roofline: (read(g, w) + rewrite(g)) / adaptive_clip on one thread; speedup_2t: one thread's time
 // / two threads'; roofline_gain_2t: the same for the roofline's passes; all_clipped: the fraction of
 // calls in which every unit clipped; same_bits: 1, 2 and 3 threads clip to the same bits.
-template <class T, int Order>
-void adaptive(benchmark::State& state) {
-  using matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>;
+// A range(0) x range(1) gradient and its weights, normally distributed, after a first call at a factor below
+// every row's ||g_u|| / ||w_u||, which leaves every row at that ratio; returns the factor.
+template <class Matrix>
+double agc_setup(benchmark::State& state, Matrix& grad, Matrix& weights) {
   const Eigen::Index rows = state.range(0), cols = state.range(1);
-  matrix grad(rows, cols), weights(rows, cols);
+  grad.resize(rows, cols);
+  weights.resize(rows, cols);
   fill_normal(grad.data(), static_cast<std::size_t>(grad.size()), 20261203);
   fill_normal(weights.data(), static_cast<std::size_t>(weights.size()), 20261204);
-  // A first call at a factor below every row's ||g_u|| / ||w_u|| leaves every row at that ratio.
   double ratio = std::numeric_limits<double>::infinity();
   for (Eigen::Index r = 0; r < rows; ++r)
     ratio = std::min(ratio, grad.row(r).template cast<double>().norm() / weights.row(r).template cast<double>().norm());
   const double start = 0.5 * ratio;
   (void)gradclip::adaptive_clip(grad, weights, start);
+  return start;
+}
+
+template <class T, int Order>
+void adaptive(benchmark::State& state) {
+  using matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>;
+  matrix grad, weights;
+  const double start = agc_setup(state, grad, weights);
 
   std::vector<matrix> clipped;
   for (unsigned threads : {1u, 2u, 3u}) {
@@ -247,6 +258,32 @@ void adaptive(benchmark::State& state) {
   state.counters["roofline_gain_2t"] = total_of(parts, "roofline") / total_of(parts, "roofline_2t");
   state.counters["all_clipped"] = calls ? static_cast<double>(all) / static_cast<double>(calls) : 0;
   state.counters["same_bits"] = same ? 1 : 0;
+}
+
+// ---- adaptive_clip alone in a loop on one thread, as a training step calls it, every unit clipping.
+// faults_per_call: the process's minor page faults (getrusage) over the loop, per call. A call's per-unit
+// arrays come from blocks its thread keeps (detail/scratch.hpp); allocated afresh, glibc gave them back to
+// the system and each call faulted them in again (17 us a fault on the AMD guest of docs/bench).
+template <class T, int Order>
+void adaptive_alone(benchmark::State& state) {
+  using matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>;
+  matrix grad, weights;
+  const double start = agc_setup(state, grad, weights);
+  const matrix pristine = grad;
+  double clipping = start;
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  for (auto _ : state) {
+    clipping *= 0.999;
+    if (clipping < 0.5 * start) {
+      grad = pristine;  // same size: no allocation, no fault
+      clipping = start;
+    }
+    benchmark::DoNotOptimize(gradclip::adaptive_clip(grad, weights, clipping, 1e-3, on_threads(1)).clipped);
+  }
+  getrusage(RUSAGE_SELF, &after);
+  state.counters["faults_per_call"] =
+      static_cast<double>(after.ru_minflt - before.ru_minflt) / static_cast<double>(state.iterations());
 }
 
 // ---- clip_by_group_norms against clip_by_global_norm on the same tensors (range(0) tensors of range(1)
@@ -343,6 +380,8 @@ BENCHMARK(per_layer_against_flat<Eigen::half, Eigen::ColMajor>)->Apply(layers);
 BENCHMARK(per_layer_against_flat<Eigen::half, Eigen::RowMajor>)->Apply(layers);
 BENCHMARK(adaptive<Eigen::half, Eigen::ColMajor>)->Apply(square);
 BENCHMARK(adaptive<Eigen::half, Eigen::RowMajor>)->Apply(square);
+BENCHMARK(adaptive_alone<Eigen::half, Eigen::ColMajor>)->Args({4096, 4096})->Unit(benchmark::kMillisecond);
+BENCHMARK(adaptive_alone<Eigen::half, Eigen::RowMajor>)->Args({4096, 4096})->Unit(benchmark::kMillisecond);
 BENCHMARK(groups_against_global<Eigen::half>)->Apply(group_shapes);
 BENCHMARK(groups_against_global<float>)->Apply(group_shapes);
 
