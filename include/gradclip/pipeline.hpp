@@ -535,25 +535,28 @@ unit_parts<is_single_unit<Layout>::value> reduce_units(const Layout& layout, con
     else
       merge_pieces<Policy, false>(layout, order, parts, tensors, nullptr);
   } else {
-    std::vector<scratch_vector<partial_norm>> results(pieces.size());
-    // Reserved here, so that the helpers fill this thread's kept blocks (scratch.hpp) instead of taking
-    // new ones that this thread would keep and they would fault in again on the next call.
+    // Every piece's parts in one array, piece i's from first[i]: no allocation per piece (a row-major
+    // matrix makes a piece of each row).
+    scratch_vector<std::size_t> first(pieces.size() + 1);
     for (std::size_t i = 0; i < pieces.size(); ++i)
-      pieces[i].visit([&](const auto& p) { results[i].reserve(p.units()); });
+      pieces[i].visit([&](const auto& p) { first[i + 1] = first[i] + p.units(); });
+    scratch_vector<partial_norm> results(first.back());
     std::vector<census> counts(report ? pieces.size() : 0);
     run_pieces(pieces, threads, opt.pool, [&](std::size_t i) {
       pieces[i].visit([&](const auto& p) {
-        reduce_piece<Policy, interleaves<Layout>::value>(p, order, report ? &counts[i] : nullptr,
-                                                         [&](const partial_norm* piece_parts, std::size_t count) {
-                                                           results[i].assign(piece_parts, piece_parts + count);
-                                                         });
+        reduce_piece<Policy, interleaves<Layout>::value>(
+            p, order, report ? &counts[i] : nullptr, [&](const partial_norm* piece_parts, std::size_t count) {
+              std::copy(piece_parts, piece_parts + count, results.data() + first[i]);
+            });
       });
     });
     // Merged in piece order, as on one thread.
     for (std::size_t i = 0; i < pieces.size(); ++i)
       pieces[i].visit([&](const auto& p) {
-        merge_piece(parts, tensors, p.unit, p.tensor, results[i].data(), results[i].size(), order);
-        if (report) report->add(p.tensor, results[i].data(), results[i].size(), counts[i]);
+        const partial_norm* piece_parts = results.data() + first[i];
+        const std::size_t count = first[i + 1] - first[i];
+        merge_piece(parts, tensors, p.unit, p.tensor, piece_parts, count, order);
+        if (report) report->add(p.tensor, piece_parts, count, counts[i]);
       });
   }
   if (report) report->finish();
