@@ -425,8 +425,7 @@ class report_writer {
                                   const census& counts) noexcept {
     if (k + 1 == written_) return add_to_last(piece_parts, count, counts);
     while (written_ < k) write(written_++, {0, 0.0, true, order_}, {});
-    partial_norm part{0, 0.0, true, order_};
-    for (std::size_t u = 0; u < count; ++u) part.merge(piece_parts[u]);
+    partial_norm part = first_part(piece_parts, count);
     write(written_++, part, counts);
     if (counts.size == piece_elements) keep(last_, part);  // a whole piece: more of its gradient may follow
   }
@@ -452,6 +451,19 @@ class report_writer {
     out.exponent = part.exponent, out.sum = part.sum, out.finite = part.finite, out.p = part.p;
     out.low = part.low, out.elements = part.elements;
   }
+  /// The parts of a gradient's first piece merged into an empty part. One finite part of an additive kind
+  /// at scale 0 (every small gradient's) is copied: merging it would give its sum and elements, and its
+  /// low plus zero, with no need for merge's scale and kind checks.
+  [[gnu::always_inline]] partial_norm first_part(const partial_norm* piece_parts, std::size_t count) const noexcept {
+    if (count == 1 && adds_ && piece_parts->finite && piece_parts->exponent == 0 && piece_parts->p == order_) {
+      partial_norm part = *piece_parts;
+      part.low = 0.0 + part.low;
+      return part;
+    }
+    partial_norm part{0, 0.0, true, order_};
+    for (std::size_t u = 0; u < count; ++u) part.merge(piece_parts[u]);
+    return part;
+  }
   /// part.norm() on a copy, not inlined: the part written stays in registers.
   [[gnu::noinline]] static double norm_of(partial_norm part) noexcept { return part.norm(); }
   /// Another piece of the gradient written last (one of more than piece_elements elements): its entry
@@ -471,7 +483,8 @@ class report_writer {
   std::vector<partial_norm>* parts_ = nullptr;  // each gradient's part, when the report keeps them
   norm_kind kind_;
   double order_;
-  partial_norm last_;  // the part of gradient written_ - 1, when its last piece was a whole one
+  bool adds_ = !kind_.merges_by_maximum();  // parts merge by adding their sums
+  partial_norm last_;                       // the part of gradient written_ - 1, when its last piece was a whole one
   std::size_t written_ = 0;
 };
 

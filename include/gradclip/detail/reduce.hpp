@@ -229,9 +229,10 @@ inline partial_norm compensated_sum_squares(const double* p, std::size_t n) noex
 #endif
 
 /// The squares of a short run summed in FP64 directly: exact squares for FP32 and narrower elements, so at
-/// least as accurate as the kernels, and overflow-free. Always inlined (here and below), as reduce_run is.
-template <class T>
-[[gnu::always_inline]] inline partial_norm short_sum_squares(const T* p, std::size_t n) noexcept {
+/// least as accurate as the kernels, and overflow-free. visit(x) sees each element widened, in registers.
+/// Always inlined (here and below), as reduce_run is.
+template <class T, class Visit>
+[[gnu::always_inline]] inline double short_squares(const T* p, std::size_t n, Visit&& visit) noexcept {
   static_assert(sizeof(std::remove_const_t<T>) <= 4, "squares exact in FP64, whether or not contracted into FMA");
   double even = 0, odd = 0;
   std::size_t i = 0;
@@ -239,38 +240,42 @@ template <class T>
     const double x = widen<double>(p[i]), y = widen<double>(p[i + 1]);
     even += x * x;
     odd += y * y;
+    visit(x), visit(y);
   }
-  if (i < n) even += widen<double>(p[i]) * widen<double>(p[i]);
-  return unscaled_part(even + odd);
+  if (i < n) {
+    const double x = widen<double>(p[i]);
+    even += x * x;
+    visit(x);
+  }
+  return even + odd;
 }
 
-/// short_sum_squares, adding the run's census to `counts`: a second look at the run (in L1) keeps only
-/// the largest and least magnitude, and add_short_census counts the run again only where those say it
-/// holds zeros, subnormals, Inf or NaN.
+template <class T>
+[[gnu::always_inline]] inline partial_norm short_sum_squares(const T* p, std::size_t n) noexcept {
+  return unscaled_part(short_squares(p, n, [](double) {}));
+}
+
+/// short_sum_squares, adding the run's census to `counts`: the largest and least magnitude of the values
+/// it widened (NaN passes both by, but makes the sum NaN), and add_short_census counts the run again only
+/// where those and the sum say it holds zeros, subnormals, Inf or NaN. Tracking the magnitudes in the sum's
+/// loop costs a third of the instructions of a second look at the run's bits.
 template <class T>
 [[gnu::always_inline]] inline partial_norm counted_short_sum_squares(const T* p, std::size_t n,
                                                                      census& counts) noexcept {
   using element = std::remove_const_t<T>;
-  using bits = float_bits<element>;
-  using I = typename bits::type;
-  const partial_norm part = short_sum_squares(p, n);
-  I top = 0, low = bits::mask;
-  for (std::size_t i = 0; i < n; ++i) {
-    I x;
-    std::memcpy(&x, p + i, sizeof x);
-    const I magnitude = static_cast<I>(x & bits::mask);
+  double top = 0, low = std::numeric_limits<double>::infinity();
+  const double sum = short_squares(p, n, [&](double x) {
+    const double magnitude = std::abs(x);
     top = std::max(top, magnitude);
     low = std::min(low, magnitude);
-  }
-  if (low < bits::min_normal || top >= bits::inf) {
-    add_short_census(counts, p, n);
-  } else {
-    element largest;
-    std::memcpy(static_cast<void*>(&largest), &top, sizeof top);  // bits of a trivially copyable T
+  });
+  if (low >= static_cast<double>(std::numeric_limits<element>::min()) && std::isfinite(sum)) {
     counts.size += n;
-    counts.max_abs = std::max(counts.max_abs, static_cast<double>(widen<double>(largest)));
+    counts.max_abs = std::max(counts.max_abs, top);
+  } else {
+    add_short_census(counts, p, n);
   }
-  return part;
+  return unscaled_part(sum);
 }
 
 /// Sequentially, in the element type itself: exactly what g.square().sum() does in FP16.
