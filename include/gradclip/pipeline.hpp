@@ -455,7 +455,8 @@ class report_writer {
   /// at scale 0 (every small gradient's) is copied: merging it would give its sum and elements, and its
   /// low plus zero, with no need for merge's scale and kind checks.
   [[gnu::always_inline]] partial_norm first_part(const partial_norm* piece_parts, std::size_t count) const noexcept {
-    if (count == 1 && adds_ && piece_parts->finite && piece_parts->exponent == 0 && piece_parts->p == order_) {
+    if (count == 1 && !kind_.merges_by_maximum() && piece_parts->finite && piece_parts->exponent == 0 &&
+        piece_parts->p == order_) {
       partial_norm part = *piece_parts;
       part.low = 0.0 + part.low;
       return part;
@@ -483,8 +484,7 @@ class report_writer {
   std::vector<partial_norm>* parts_ = nullptr;  // each gradient's part, when the report keeps them
   norm_kind kind_;
   double order_;
-  bool adds_ = !kind_.merges_by_maximum();  // parts merge by adding their sums
-  partial_norm last_;                       // the part of gradient written_ - 1, when its last piece was a whole one
+  partial_norm last_;  // the part of gradient written_ - 1, when its last piece was a whole one
   std::size_t written_ = 0;
 };
 
