@@ -62,8 +62,9 @@ T nearest_bound(double limit) noexcept {
 ///     auto result = gradclip::clip_by_norm(grad, 1.0);   // grad: Eigen::Tensor<Eigen::half, 2>, ...
 template <class Policy = robust, class Grad, class = std::enable_if_t<detail::is_gradient_v<Grad>>>
 clip_result clip_by_norm(Grad&& g, double max_norm, const options& opt = {}) {
-  detail::single<std::remove_reference_t<Grad>> group{&g};
-  return detail::clip<Policy>("gradclip::clip_by_norm", group, detail::fixed_threshold{max_norm}, opt);
+  return detail::with_single(g, [&](auto& group) {
+    return detail::clip<Policy>("gradclip::clip_by_norm", group, detail::fixed_threshold{max_norm}, opt);
+  });
 }
 
 /// Clips a raw buffer of `size` elements in place; see the overload above.
@@ -117,8 +118,9 @@ template <class Policy = robust, class Grads>
 clip_result clip_coefficient(const Grads& grads, double max_norm, const options& opt = {}) {
   constexpr const char* function = "gradclip::clip_coefficient";
   if constexpr (detail::is_gradient_v<const Grads&>) {
-    const detail::single<const Grads> one{&grads};
-    return detail::plan_only<Policy>(function, one, detail::fixed_threshold{max_norm}, opt);
+    return detail::with_single(grads, [&](const auto& one) {
+      return detail::plan_only<Policy>(function, one, detail::fixed_threshold{max_norm}, opt);
+    });
   } else {
     return detail::plan_only<Policy>(function, grads, detail::fixed_threshold{max_norm}, opt);
   }

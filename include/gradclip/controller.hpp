@@ -67,8 +67,9 @@ clip_result clip_by_global_norm(std::initializer_list<grad_view> grads, Controll
 template <class Policy = robust, class Grad, class Controller,
           class = std::enable_if_t<detail::is_gradient_v<Grad> && is_threshold_controller_v<Controller>>>
 clip_result clip_by_norm(Grad&& g, Controller& controller, const options& opt = {}) {
-  detail::single<std::remove_reference_t<Grad>> group{&g};
-  return detail::clip<Policy>("gradclip::clip_by_norm", group, detail::controlled<Controller>{controller}, opt);
+  return detail::with_single(g, [&](auto& group) {
+    return detail::clip<Policy>("gradclip::clip_by_norm", group, detail::controlled<Controller>{controller}, opt);
+  });
 }
 
 }  // namespace GRADCLIP_ABI

@@ -269,8 +269,7 @@ class loss_scaler {
     static_assert(detail::is_gradient_v<group> || detail::is_gradient_range_v<group&>,
                   "The loss scaler takes one gradient or a range (std::vector, std::array, ...) of gradients.");
     if constexpr (detail::is_gradient_v<group>) {
-      detail::single<Grads> one{&grads};
-      return f(one);
+      return detail::with_single(grads, f);
     } else {
       return f(grads);
     }

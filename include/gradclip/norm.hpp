@@ -26,7 +26,7 @@ inline namespace GRADCLIP_ABI {
 template <class Policy = robust, class Grad, class = std::enable_if_t<detail::is_gradient_v<const Grad&>>>
 double norm(const Grad& g, const options& opt = {}) {
   detail::check_options("gradclip::norm", opt);
-  return detail::reduce_and_report<Policy>(detail::single<const Grad>{&g}, opt).norm();
+  return detail::with_single(g, [&](const auto& one) { return detail::reduce_and_report<Policy>(one, opt).norm(); });
 }
 
 /// The norm of a raw buffer of `size` elements.

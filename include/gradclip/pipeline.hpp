@@ -212,6 +212,22 @@ template <class G>
 struct fixed_view<G, std::enable_if_t<!view_traits<G>::erased && !view_traits<G>::indirect>> {
   using type = decltype(visit_gradient(std::declval<G&>(), view_of{}));
 };
+/// Calls f(group) with gradient g as a group of one, without copying it. A gradient whose view type is
+/// known at compile time (Eigen objects, tensors, containers, raw buffers) goes in as its view, so that
+/// every such type of one element type shares one instantiation of the pipeline: a unit that clips a
+/// matrix, a vector and a tensor of floats compiles the pipeline once, not three times (issue 26).
+template <class G, class F>
+decltype(auto) with_single(G& g, F&& f) {
+  if constexpr (std::is_void_v<typename fixed_view<G>::type>) {
+    single<G> one{&g};
+    return f(one);
+  } else {
+    auto view = visit_gradient(g, view_of{});
+    single<decltype(view)> one{&view};
+    return f(one);
+  }
+}
+
 template <class View, bool Const>
 struct piece_for {
   using type = piece<typename View::element_type>;

@@ -200,10 +200,11 @@ template <class Policy = robust, class Update, class = std::enable_if_t<detail::
 clip_result clip_update_by_rms(Update&& update, double max_rms, const options& opt = {}) {
   constexpr const char* function = "gradclip::clip_update_by_rms";
   detail::check_rms_arguments(function, max_rms, opt);
-  detail::single<std::remove_reference_t<Update>> one{&update};
   const std::size_t n = detail::element_count(update);
-  return detail::clip<Policy>(function, one, detail::fixed_threshold{max_rms}, opt,
-                              [&] { return detail::rms_part(detail::reduce<Policy>(one, opt), n); });
+  return detail::with_single(update, [&](auto& one) {
+    return detail::clip<Policy>(function, one, detail::fixed_threshold{max_rms}, opt,
+                                [&] { return detail::rms_part(detail::reduce<Policy>(one, opt), n); });
+  });
 }
 
 /// Clips a raw buffer of `size` elements by its RMS; see the overload above.
