@@ -3,7 +3,9 @@
 # `c++ -O2 -c`, header-only and in compiled mode (-DGRADCLIP_COMPILED, which needs no library to compile),
 # and prints each row's median cost beside its goal: CPU seconds (user + sys, what the compiler did, steady
 # on a shared machine) and wall seconds (what a developer waits, inflated when other jobs run), both minus
-# the same unit with only <Eigen/Core>. Usage: scripts/compile_time.sh [N=3]   (CXX, CXXFLAGS honoured)
+# the same unit with only <Eigen/Core>; then, without a goal, the header-only calls on four more FP32
+# gradient types (minus a unit with <Eigen/Core> and the Tensor module), which should cost nearly nothing
+# more. Usage: scripts/compile_time.sh [N=3]   (CXX, CXXFLAGS honoured)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-3}
