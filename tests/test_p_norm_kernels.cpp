@@ -122,6 +122,52 @@ void expect_sum_within_bound(const std::vector<T>& g, double p, const std::strin
   }
 }
 
+// The L1 sums of 16-bit elements on each vector target (AVX-512 adds them as FP64 bit fields) against the
+// portable kernel's widening, bit for bit: every bit pattern of the type in random order, blocks of only
+// subnormals, of maxima (sums far above the type's range) and of values whose sums round, and an Inf or
+// NaN in a block's vectors or in its tail.
+template <class T>
+void expect_16_bit_sums_match_portable() {
+  std::mt19937_64 rng(seed + 3);
+  std::vector<T> every(65536);
+  for (std::uint32_t b = 0; b <= 0xffffu; ++b) every[b] = Eigen::numext::bit_cast<T>(static_cast<std::uint16_t>(b));
+  std::vector<T> finite;
+  for (T x : every)
+    if (std::isfinite(static_cast<float>(x))) finite.push_back(x);
+  std::shuffle(finite.begin(), finite.end(), rng);
+  std::vector<T> subnormals(3000), maxima(1030, std::numeric_limits<T>::max());
+  for (auto& x : subnormals)
+    x = Eigen::numext::bit_cast<T>(static_cast<std::uint16_t>(rng() % 0x80 | (rng() % 2) << 15));
+  std::uniform_real_distribution<float> u(1.0f, 2.0f);
+  std::vector<T> rounding(2500);  // 1, 2^-8 and 2^-16 scales in one lane: sums that round
+  for (std::size_t i = 0; i < rounding.size(); ++i) rounding[i] = T(std::ldexp(u(rng), -8 * static_cast<int>(i % 3)));
+  std::vector<std::vector<T>> cases{every, finite, subnormals, maxima, rounding};
+  for (std::size_t at : {5, 40, 1023, 1030}) {  // in a vector, in a block's tail (m = 1030: 6 past 1024)
+    for (T special : {std::numeric_limits<T>::infinity(), std::numeric_limits<T>::quiet_NaN()}) {
+      std::vector<T> with(rounding.begin(), rounding.begin() + 1030 + 40);
+      with[at] = special;
+      cases.push_back(with);
+    }
+  }
+  for (isa target : vector_isas())
+    for (std::size_t c = 0; c < cases.size(); ++c)
+      for (std::size_t n : {cases[c].size(), std::min<std::size_t>(cases[c].size(), 1030), std::size_t{47}}) {
+        const T* p = cases[c].data();
+        const auto sum_abs = [&](auto k) { return decltype(k)::sum_abs(p, n); };
+        const double sum = with_isa(target, sum_abs), expected = sum_abs(portable{});
+        if (std::isnan(expected))  // NaN's payload is the target's
+          EXPECT_TRUE(std::isnan(sum)) << "isa " << static_cast<int>(target) << " case " << c << " n " << n;
+        else
+          EXPECT_EQ(bits_of(sum), bits_of(expected))
+              << "isa " << static_cast<int>(target) << " case " << c << " n " << n;
+      }
+}
+
+TEST(PNormKernels16, SumsOfMagnitudesMatchPortableOnEveryBitPattern) {
+  expect_16_bit_sums_match_portable<Eigen::half>();
+  expect_16_bit_sums_match_portable<Eigen::bfloat16>();
+}
+
 TYPED_TEST(PNormKernels, VectorLoopsMatchScalarBitForBit) {
   using T = TypeParam;
   SCOPED_TRACE("seed " + std::to_string(seed));

@@ -187,6 +187,7 @@ struct portable {
   struct f64 {
     using vec = double;
     static constexpr bool bf16_pairs = false;
+    static constexpr bool reads_fields = false;  ///< whether add_fields exists (see avx512::f64)
     using mask = bool;
     static constexpr std::size_t width = 1;
     static vec zero() noexcept { return 0.0; }
@@ -402,6 +403,7 @@ struct avx2 {
   struct f64 {
     using vec = __m256d;
     static constexpr bool bf16_pairs = false;
+    static constexpr bool reads_fields = true;
     static constexpr std::size_t width = 4;
     static vec zero() noexcept { return _mm256_setzero_pd(); }
     static vec set1(double x) noexcept { return _mm256_set1_pd(x); }
@@ -434,6 +436,25 @@ struct avx2 {
     static void add_magnitudes(vec (&acc)[N], const T* p) noexcept {
       for (std::size_t k = 0; k < N; ++k) acc[k] = add(acc[k], abs(load(p + k * width)));
     }
+    /// 16 FP16 or BF16 magnitudes added as FP64 bit fields: see avx512::f64::add_fields.
+    using field_bits = __m256i;
+    template <class T>
+    static void add_fields(vec (&acc)[4], const T* p, field_bits& top) noexcept {
+      constexpr int shift = 53 - std::numeric_limits<T>::digits;
+      const __m256i bits =
+          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), _mm256_set1_epi16(0x7fff));
+      top = _mm256_max_epu16(top, bits);
+      const __m128i low = _mm256_castsi256_si128(bits), high = _mm256_extracti128_si256(bits, 1);
+      acc[0] = add(acc[0], fields<shift>(low));
+      acc[1] = add(acc[1], fields<shift>(_mm_srli_si128(low, 8)));
+      acc[2] = add(acc[2], fields<shift>(high));
+      acc[3] = add(acc[3], fields<shift>(_mm_srli_si128(high, 8)));
+    }
+    template <int Shift>  // (not a lambda: GCC compiles lambdas without their region's target)
+    static vec fields(__m128i four) noexcept {
+      return _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_cvtepu16_epi64(four), Shift));
+    }
+    static std::uint16_t top_field(field_bits top) noexcept { return i16::max_lane(top); }
     static vec max(vec a, vec b) noexcept { return _mm256_max_pd(a, b); }
     static vec fmadd(vec a, vec b, vec c) noexcept { return _mm256_fmadd_pd(a, b, c); }  // a b + c, one rounding
     static vec add_exact_square(vec acc, vec v) noexcept { return _mm256_fmadd_pd(v, v, acc); }
@@ -731,6 +752,7 @@ struct avx512 {
   struct f64 {
     using vec = __m512d;
     static constexpr bool bf16_pairs = false;
+    static constexpr bool reads_fields = true;
     static constexpr std::size_t width = 8;
     static vec zero() noexcept { return _mm512_setzero_pd(); }
     static vec set1(double x) noexcept { return _mm512_set1_pd(x); }
@@ -762,20 +784,24 @@ struct avx512 {
     static void add_magnitudes(vec (&acc)[N], const T* p) noexcept {
       for (std::size_t k = 0; k < N; ++k) acc[k] = add(acc[k], abs(load(p + k * width)));
     }
-    /// 16 BF16 elements widened at once, their signs cleared as integers: six instructions where two
-    /// loads of 8 and their abs took eight (issue 28: the BF16 L1 norm ran 1.23 times as fast in cache on
-    /// an Intel Xeon). 32 elements as 32-bit pairs in even and odd lanes (block_squares' raw pairs) ran
-    /// 1.46 times as fast in cache there but slower from memory (0.80 of the L2 norm against 0.93).
-    /// FP16 keeps load's two conversions: one vcvtph2ps of 16 and two vcvtps2pd, or AVX512-FP16's
-    /// vcvtph2pd, measured slower there.
-    static void add_magnitudes(vec (&acc)[2], const Eigen::bfloat16* p) noexcept {
+    /// 16 FP16 or BF16 magnitudes added as FP64 bit fields (field_sum in kernels.inc: each lane gets its
+    /// element's value times a power of two): an integer widening and a shift per 8 elements instead of
+    /// two conversions. `top` keeps the largest magnitude's bits, so that field_sum sees Inf and NaN.
+    using field_bits = __m256i;
+    template <class T>
+    static void add_fields(vec (&acc)[2], const T* p, field_bits& top) noexcept {
+      constexpr int shift = 53 - std::numeric_limits<T>::digits;  // T's significand's top bit to FP64's
       const __m256i bits =
           _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), _mm256_set1_epi16(0x7fff));
-      const __m512 wide =
-          _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, bits), 16));
-      acc[0] = add(acc[0], _mm512_maskz_cvtps_pd(0xff, _mm512_castps512_ps256(wide)));
-      acc[1] = add(acc[1], _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, wide, 1)));
+      top = _mm256_max_epu16(top, bits);
+      acc[0] = add(acc[0], fields<shift>(_mm256_castsi256_si128(bits)));
+      acc[1] = add(acc[1], fields<shift>(_mm256_extracti128_si256(bits, 1)));
     }
+    template <int Shift>  // (not a lambda: GCC compiles lambdas without their region's target)
+    static vec fields(__m128i eight) noexcept {
+      return _mm512_castsi512_pd(_mm512_maskz_slli_epi64(0xff, _mm512_maskz_cvtepu16_epi64(0xff, eight), Shift));
+    }
+    static std::uint16_t top_field(field_bits top) noexcept { return avx2::i16::max_lane(top); }
     static vec max(vec a, vec b) noexcept { return _mm512_maskz_max_pd(0xff, a, b); }
     static vec fmadd(vec a, vec b, vec c) noexcept { return _mm512_fmadd_pd(a, b, c); }
     static vec add_exact_square(vec acc, vec v) noexcept { return _mm512_fmadd_pd(v, v, acc); }
