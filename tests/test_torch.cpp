@@ -1,8 +1,24 @@
 // The libtorch adapter against torch::nn::utils::clip_grad_norm_ and clip_grad_value_ themselves (libtorch 1.13)
-// and against binary128 references. Built twice: test_torch (CPU tensors through gradclip's kernels) and
-// test_torch_ops (GRADCLIP_TORCH_FORCE_OPS=1: every tensor through libtorch's operations, the CUDA path).
-// GRADCLIP_TEST_DEVICE (e.g. cuda) puts the gradients of the shared helpers on that device
-// (scripts/gpu_check.sh).
+// and against binary128 references. Run twice (tests/CMakeLists.txt): CPU tensors through gradclip's kernels,
+// and with GRADCLIP_TEST_TORCH_OPS=1 every tensor through libtorch's operations, the CUDA path, as a program
+// built with GRADCLIP_TORCH_FORCE_OPS=1 sends them (here the macro reads the variable, so that one build
+// serves both runs). GRADCLIP_TEST_DEVICE (e.g. cuda) puts the gradients of the shared helpers on that
+// device (scripts/gpu_check.sh).
+#include <cstdlib>
+#include <cstring>
+
+namespace gradclip_test {
+/// Whether this run sends CPU tensors through libtorch's operations (GRADCLIP_TEST_TORCH_OPS=1).
+inline bool ops_forced() {
+  static const bool forced = [] {
+    const char* value = std::getenv("GRADCLIP_TEST_TORCH_OPS");
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }();
+  return forced;
+}
+}  // namespace gradclip_test
+#define GRADCLIP_TORCH_FORCE_OPS (::gradclip_test::ops_forced())
+
 #include <gradclip/norm.hpp>
 #include <gradclip/torch.hpp>
 
@@ -15,8 +31,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -926,7 +940,7 @@ TEST(TorchAdaptiveClip, ParametersWithoutGradientAndBadArguments) {
   EXPECT_TRUE(torch::equal(weight.grad(), torch::ones({3, 2}, torch::kFloat)));
 }
 
-// ---- the libtorch-ops path: tensors on any device but the CPU (all of them under GRADCLIP_TORCH_FORCE_OPS) ----
+// ---- the libtorch-ops path: tensors on any device but the CPU (all of them under GRADCLIP_TEST_TORCH_OPS=1) ----
 
 /// The gradients of `parameters`.
 std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& parameters) {
