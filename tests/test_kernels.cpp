@@ -391,12 +391,13 @@ TYPED_TEST(SixteenBitKernels, MultiplyRoundsEveryBitPatternLikeEigen) {
 
 TYPED_TEST(Kernels, MultiplyKeepsNanInfAndSubnormals) {
   using T = TypeParam;
-  std::vector<T> data(70, T(1.5f));
+  std::vector<T> data(100, T(1.5f));
   data[3] = std::numeric_limits<T>::quiet_NaN();
   data[20] = std::numeric_limits<T>::infinity();
   data[33] = std::numeric_limits<T>::denorm_min();
   data[34] = std::numeric_limits<T>::max();
-  data[69] = std::numeric_limits<T>::quiet_NaN();
+  data[85] = std::numeric_limits<T>::denorm_min();  // in the second 16 of 32 elements, the first 16 plain
+  data[99] = std::numeric_limits<T>::quiet_NaN();
   for_each_compute<T>([&](auto compute) {
     using Compute = decltype(compute);
     for (Compute c : {Compute(0.5), Compute(0), std::numeric_limits<Compute>::quiet_NaN(), Compute(3)})
