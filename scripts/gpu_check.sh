@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 27's GPU check: builds test_torch against a CUDA build of libtorch, runs it twice (the second time
-# with GRADCLIP_TEST_TORCH_OPS=1, every tensor through libtorch's operations) on CUDA tensors (GRADCLIP_TEST_DEVICE=cuda) and prints "N passed, M failed"; then bench_torch's GPT-2 small
-# case against torch's clip_grad_norm_ when it is built (bench_torch still allocates its tensors on the CPU:
-# a CUDA case there is future work, so these timings are CPU ones).
+# Issue 27's GPU check: builds test_torch against a CUDA build of libtorch, runs it twice on CUDA tensors
+# (GRADCLIP_TEST_DEVICE=cuda; the second time with GRADCLIP_TEST_TORCH_OPS=1, every tensor through
+# libtorch's operations) and prints "N passed, M failed"; then bench_torch's GPT-2 small case against
+# torch's clip_grad_norm_ when it is built (bench_torch still allocates its tensors on the CPU: a CUDA case
+# there is future work, so these timings are CPU ones).
 # Usage: scripts/gpu_check.sh [CMAKE_PREFIX_PATH of the CUDA libtorch]   (build in build/gpu-check)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -122,10 +122,10 @@ void expect_sum_within_bound(const std::vector<T>& g, double p, const std::strin
   }
 }
 
-// The L1 sums of 16-bit elements on each vector target (AVX-512 adds them as FP64 bit fields) against the
-// portable kernel's widening, bit for bit: every bit pattern of the type in random order, blocks of only
-// subnormals, of maxima (sums far above the type's range) and of values whose sums round, and an Inf or
-// NaN in a block's vectors or in its tail.
+// The L1 sums of 16-bit elements on each vector target (AVX2 and AVX-512 add them as FP64 bit fields)
+// against the portable kernel's widening, bit for bit: every bit pattern of the type in random order,
+// blocks of only subnormals, of maxima (sums far above the type's range) and of values whose sums round,
+// and an Inf or NaN in a block's vectors or in its tail.
 template <class T>
 void expect_16_bit_sums_match_portable() {
   std::mt19937_64 rng(seed + 3);

@@ -441,9 +441,8 @@ struct avx2 {
     template <class T>
     static void add_fields(vec (&acc)[4], const T* p, field_bits& top) noexcept {
       constexpr int shift = 53 - std::numeric_limits<T>::digits;
-      const __m256i bits =
-          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), _mm256_set1_epi16(0x7fff));
-      top = _mm256_max_epu16(top, bits);
+      const __m256i bits = i16::magnitude(i16::load(p));
+      top = i16::max(top, bits);
       const __m128i low = _mm256_castsi256_si128(bits), high = _mm256_extracti128_si256(bits, 1);
       acc[0] = add(acc[0], fields<shift>(low));
       acc[1] = add(acc[1], fields<shift>(_mm_srli_si128(low, 8)));
@@ -791,9 +790,8 @@ struct avx512 {
     template <class T>
     static void add_fields(vec (&acc)[2], const T* p, field_bits& top) noexcept {
       constexpr int shift = 53 - std::numeric_limits<T>::digits;  // T's significand's top bit to FP64's
-      const __m256i bits =
-          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), _mm256_set1_epi16(0x7fff));
-      top = _mm256_max_epu16(top, bits);
+      const __m256i bits = avx2::i16::magnitude(avx2::i16::load(p));
+      top = avx2::i16::max(top, bits);
       acc[0] = add(acc[0], fields<shift>(_mm256_castsi256_si128(bits)));
       acc[1] = add(acc[1], fields<shift>(_mm256_extracti128_si256(bits, 1)));
     }
