@@ -124,7 +124,7 @@ double epsilon_of() {
 /// additions, 31 * 2^-24 on the sum of squares, half that on its root), the rest in FP64: 16 * 2^-24.
 /// FP32 squares exactly in FP64 lanes of 64 terms per block (63 additions, 4 more merging the 16 lanes),
 /// blocks and parts compensated (2 roundings): 69 * 2^-53 on the sum, half that and the root's rounding on
-/// the norm, 36 * 2^-53. FP64: Dot2, within 2^-53 on the sum, 1.5 * 2^-53 on the norm.
+/// the norm, 36 * 2^-53. FP64: compensated, within 2^-53 on the sum, 1.5 * 2^-53 on the norm.
 template <class T>
 constexpr double robust_norm_bound() {
   return sizeof(T) == 2 ? 16 * 0x1p-24 : std::is_same_v<T, float> ? 36 * 0x1p-53 : 1.5 * 0x1p-53;

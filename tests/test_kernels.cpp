@@ -423,9 +423,10 @@ TYPED_TEST(Kernels, EveryStreamingChoiceGivesTheSameBits) {
               bits(K::template block_sums<decltype(acc), false>(data.data() + 1, data.size() - 1, 0x1p-40, done)));
         });
         if constexpr (std::is_same_v<T, double>) {
-          const auto dot2 = K::template compensated_squares<false>(data.data() + 1, data.size() - 1, 0.0, 0.0, done);
-          out.push_back(bits(dot2.hi));
-          out.push_back(bits(dot2.lo));
+          const auto compensated =
+              K::template compensated_squares<false>(data.data() + 1, data.size() - 1, 0.0, 0.0, done);
+          out.push_back(bits(compensated.hi));
+          out.push_back(bits(compensated.lo));
         }
         out.push_back(bits(K::sum_abs(data.data() + 1, data.size() - 1)));
         for_each_compute<T>([&](auto compute) {

@@ -32,9 +32,10 @@ struct max_scale {};
 
 /// The default. FP16/BF16: exact FP32 squares in chains of 32, carried into FP64, BF16 blocks max-scaled
 /// where FP32's range needs it (relative error at most 16 * 2^-24). FP32: squares and sums in FP64 (at most
-/// 36 * 2^-53, about 4e-15, relative). FP64: squares split exactly by FMA and summed compensated (Dot2), blocks
-/// max-scaled where FP64's range needs it, kept with its tail through every merge: within 2^-53 on the
-/// sum of squares and 1.5 * 2^-53 on the norm, for any length and any number of tensors.
+/// 36 * 2^-53, about 4e-15, relative). FP64: the squares' and additions' errors kept exactly by FMA and
+/// summed compensated, blocks max-scaled where FP64's range needs it, kept with its tail through every
+/// merge: within 2^-53 on the sum of squares and 1.5 * 2^-53 on the norm, for any length and any number of
+/// tensors.
 /// Overflow- and underflow-free for every finite input. The coefficient is computed in double-double:
 /// FP16, BF16 and FP32 elements get it rounded to FP64 and one rounding to their type, FP64 elements
 /// x * (high + low) with one rounding, so every element is within one ulp of the exact projection.

@@ -44,7 +44,7 @@ part sum_squares(const T* p, std::size_t n, observer observe, void* context) noe
 /// sum_squares counting every element into `out` as it reads it (options::report's census).
 template <class Acc, bool MaxScales, class T>
 part counted_sum_squares(const T* p, std::size_t n, counts& out) noexcept;
-/// The FP64 sum of squares by Dot2 (detail::compensated_sum_squares).
+/// The compensated FP64 sum of squares (detail::compensated_sum_squares).
 part compensated_sum_squares(const double* p, std::size_t n) noexcept;
 /// sum |x|^p, or max |x| for p = inf (detail::power_sum_kernel).
 template <class T>

@@ -26,8 +26,8 @@ using robust_t = std::conditional_t<sizeof(T) == 2, float, double>;
 
 /// The traits table: one row per policy. `accumulator<T>` is the type squares are summed in;
 /// `sequential` sums one element after the other in it (no lanes, no FP64 carry); `max_scales` rescales
-/// blocks whose range needs it; `compensated` sums FP64 squares by Dot2. Declared only, so a type without
-/// a row is not a policy.
+/// blocks whose range needs it; `compensated` sums FP64 squares compensated (compensated_squares).
+/// Declared only, so a type without a row is not a policy.
 template <class Policy>
 struct policy_traits;
 
