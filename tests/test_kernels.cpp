@@ -539,10 +539,22 @@ TYPED_TEST(Kernels, DivideMatchesPortableBitForBitAndRoundsCorrectly) {
   data[8] = std::numeric_limits<T>::max();
   data[9] = std::numeric_limits<T>::quiet_NaN();
   data[10] = -std::numeric_limits<T>::infinity();
-  // Divisors representable in T (where the quotient is documented as correctly rounded) and one that is not.
-  const std::vector<double> divisors{3.0, static_cast<double>(static_cast<T>(0.1f)),
+  // Divisors representable in T (where the quotient is documented as correctly rounded) and one that is not;
+  // then powers of two, whose quotients are exact before the one rounding: 16-bit elements take the FP32
+  // multiply by 1 / s where that reciprocal is an FP32 number (s from 2^-127 to 2^149, both here), the
+  // division beyond (2^-128, 2^150).
+  const std::vector<double> divisors{3.0,
+                                     static_cast<double>(static_cast<T>(0.1f)),
                                      static_cast<double>(static_cast<T>(1.7e-3f)),
-                                     static_cast<double>(static_cast<T>(777.0f)), 0.1};
+                                     static_cast<double>(static_cast<T>(777.0f)),
+                                     0.1,
+                                     65536.0,
+                                     0x1p-128,
+                                     0x1p-127,
+                                     0x1p-126,
+                                     0x1p100,
+                                     0x1p149,
+                                     0x1p150};
   for (double s : divisors)
     for (std::size_t n : lengths)
       for (std::size_t offset : {0, 1}) {

@@ -212,6 +212,14 @@ inline float round_to_odd_float(double x) noexcept {
   return float_from_bits(away_from_zero ? bits_of(f) + 1u : bits_of(f) - 1u);
 }
 
+/// Whether s is a power of two whose reciprocal is an FP32 number (s in [2^-127, 2^149]). Then x / s of a
+/// 16-bit x is x * (1 / s) computed in FP32, rounded once to x's type: that product is exact unless it
+/// lies below 2^-137 (x has at most 11 significant digits), where it and its rounding both round to zero.
+inline bool float_reciprocal_is_exact(double s) noexcept {
+  int e = 0;
+  return std::frexp(s, &e) == 0.5 && e >= -126 && e <= 150;  // s = 2^(e - 1)
+}
+
 /// How a p-norm block's terms are computed: (|x| 2^-E)^3 or ^4 by products, or 2^(p (log2 |x| - E)) by
 /// polynomials for any p.
 enum class power_kind { cube, fourth, general };
