@@ -290,7 +290,7 @@ using gradclip_test::type_name;
 /// reference for the division kernel).
 template <class T>
 double round_to(quad q) {
-  if (q == 0) return 0.0;
+  if (q == 0) return static_cast<double>(q);  // its sign kept
   const bool negative = q < 0;
   const quad a = negative ? -q : q;
   const int digits = std::numeric_limits<T>::digits, emin = std::numeric_limits<T>::min_exponent - 1;
@@ -384,8 +384,9 @@ TYPED_TEST(SixteenBitKernels, MultiplyRoundsEveryBitPatternLikeEigen) {
   using T = TypeParam;
   std::vector<T> all(65536);
   for (std::uint32_t b = 0; b <= 0xffffu; ++b) all[b] = Eigen::numext::bit_cast<T>(static_cast<std::uint16_t>(b));
-  // Ties, overflow to inf, results in the subnormal range, and exact values.
-  for (float c : {0.75f, 1.0f / 3.0f, 1.00048828125f, 3e4f, 1e-5f, 1.0f, -1.0f})
+  // Ties, overflow to inf, results in the subnormal range, products below FP32's (zeros of their sign),
+  // and exact values.
+  for (float c : {0.75f, 1.0f / 3.0f, 1.00048828125f, 3e4f, 1e-5f, 0x1p-140f, 1.0f, -1.0f})
     check_multiply<float>(all, c, 0, all.size());
 }
 
