@@ -837,13 +837,10 @@ void apply_units(const Layout& layout, const Plans& plans, const options& opt) {
     static_assert(!std::is_const_v<T>, "Clipping modifies the gradient in place, so it cannot be const.");
     if constexpr (interleaves<Layout>::value)
       if (p.interleaved && scale_columns<Policy>(p, plans, values)) return;
-    // A contiguous unit (every small gradient) is scaled directly, its view read field by field: a copy
-    // of the piece's view, read back wide, stalls on the narrow stores that built it.
+    // The piece's own view, not a copy of it: a copy, read back wide, stalls on the narrow stores that
+    // built the piece, once for every small gradient.
     const auto scale_unit = [&](const strided_view<T>& unit, const scaler<Policy>& scale) {
-      if (unit.inner_stride == 1 && unit.outer_size == 1)
-        scale(unit.data, unit.inner_size);
-      else
-        unit.for_each_run([&](T* data, std::size_t n) { scale(data, n); }, true);
+      unit.for_each_run([&](T* data, std::size_t n) { scale(data, n); }, true);
     };
     for (std::size_t u = 0; u < p.units(); ++u) {
       if (!plans[p.unit + u].result.clipped) continue;

@@ -31,6 +31,18 @@ struct strided_view {
   /// inner stride are gathered into a buffer first and, when `write_back`, scattered back after f.
   template <class F>
   void for_each_run(F&& f, bool write_back = false) const {
+    // A contiguous view (most gradients) is one call here, small enough to inline into callers that
+    // visit many small gradients; the strided walk, with its buffer, is a call of its own.
+    if (inner_stride == 1 && outer_size == 1) {
+      if (inner_size != 0) f(data, inner_size);
+      return;
+    }
+    for_each_strided_run(f, write_back);
+  }
+
+ private:
+  template <class F>
+  void for_each_strided_run(F& f, bool write_back) const {
     for (std::size_t j = 0; j < outer_size; ++j) {
       T* segment = data + static_cast<std::ptrdiff_t>(j) * outer_stride;
       if (inner_stride == 1) {
