@@ -18,6 +18,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -406,8 +407,8 @@ TYPED_TEST(Kernels, MultiplyKeepsNanInfAndSubnormals) {
   });
 }
 
-// Only speed depends on how the streaming loops read (`streaming`, chosen by CPU vendor): AMD's choices,
-// everyone else's, and neither prefetches nor BF16 pairs give this CPU's bits, on every target.
+// Only speed depends on how the streaming loops read (`streaming`, chosen by CPU): AMD Zen 4's and Zen 5's
+// choices, everyone else's, and neither prefetches nor BF16 pairs give this CPU's bits, on every target.
 TYPED_TEST(Kernels, EveryStreamingChoiceGivesTheSameBits) {
   using T = TypeParam;
   using gradclip::detail::stream_tuning;
@@ -443,9 +444,12 @@ TYPED_TEST(Kernels, EveryStreamingChoiceGivesTheSameBits) {
   stream_tuning& tuning = gradclip::detail::streaming;
   const stream_tuning own = tuning;
   const auto expected = results();
-  for (bool amd : {true, false}) {
-    tuning = stream_tuning::for_vendor(amd);
-    EXPECT_EQ(results(), expected) << (amd ? "AMD's choices" : "the others' choices");
+  const std::pair<stream_tuning, const char*> choices[] = {{stream_tuning::for_cpu(true, 25), "AMD Zen 4's"},
+                                                           {stream_tuning::for_cpu(true, 26), "AMD Zen 5's"},
+                                                           {stream_tuning::for_cpu(false, 6), "Intel's"}};
+  for (const auto& [choice, name] : choices) {
+    tuning = choice;
+    EXPECT_EQ(results(), expected) << name << " choices";
   }
   tuning = {false, 0, false};
   EXPECT_EQ(results(), expected) << "no prefetch, no pairs";

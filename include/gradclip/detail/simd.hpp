@@ -22,6 +22,7 @@
 
 #if !defined(GRADCLIP_NO_SIMD) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define GRADCLIP_X86_DISPATCH 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define GRADCLIP_X86_DISPATCH 0
@@ -82,8 +83,8 @@ inline constexpr bool has_avx512_bf16 = false;
 // at about 0.65 of the read's speed there (issue 28). A few KiB ahead covers the latency at that rate.
 inline constexpr std::size_t prefetch_distance = 2048;
 
-/// How the streaming loops read, chosen by CPU vendor (issue 28), where the fastest way differs. Measured
-/// from memory (64 Mi elements) on one thread, paired against a plain read:
+/// How the streaming loops read, chosen by CPU at start-up (issue 28), where the fastest way differs.
+/// Measured from memory (64 Mi elements) on one thread, paired against a plain read:
 /// - Intel Xeon (family 6 model 167): asking ahead helped every element type, 16-bit loops that widen most
 ///   4 KiB ahead; BF16 squares summed as 32-bit pairs (block_squares' raw pairs) kept up with the read.
 /// - AMD EPYC Zen 5 (family 26): its hardware prefetchers alone keep loops over 4- and 8-byte elements near
@@ -92,24 +93,40 @@ inline constexpr std::size_t prefetch_distance = 2048;
 ///   clip 0.87 of the read at 4 KiB, 0.91 at 8 KiB, less at 16 KiB); and BF16 widened 16 at a time, not
 ///   as pairs, took the BF16 norm from 0.74 to 0.90 of the read (pairs stay faster in cache: 0.48
 ///   against 0.42).
-/// Other vendors take Intel's choices. Only speed depends on them: test_kernels sets each and compares the
-/// bits.
+/// - AMD EPYC Zen 4 (family 25 model 17): 4- and 8-byte loops as on Zen 5, but asking ahead slowed every
+///   16-bit loop, at any distance (the FP16 norm 0.95 of the read without, 0.77 to 0.85 at 2 to 8 KiB; the
+///   binding FP16 clip 1.04 of read and rewrite, against 0.91); BF16 pairs as fast as 16 at a time from
+///   memory and faster in cache (0.47 of the read against 0.36).
+/// Other vendors take Intel's choices, AMD CPUs before family 26 Zen 4's (Zen 3 and older unmeasured). Only
+/// speed depends on them: test_kernels sets each and compares the bits.
 struct stream_tuning {
   bool wide_prefetch;              ///< whether loops over 4- and 8-byte elements ask ahead
-  std::ptrdiff_t narrow_distance;  ///< how far ahead loops that widen 16-bit elements ask, in bytes
+  std::ptrdiff_t narrow_distance;  ///< how far ahead loops that widen 16-bit elements ask, in bytes; 0: not at all
   bool bf16_pairs;                 ///< whether block_squares reads BF16 as 32-bit pairs (where ops allow)
 
-  static constexpr stream_tuning for_vendor(bool amd) noexcept {
+  /// The choices for a CPU of this vendor and family (as CPUID numbers it: 25 for Zen 3 and 4, 26 for Zen 5).
+  static constexpr stream_tuning for_cpu(bool amd, unsigned family) noexcept {
     constexpr auto distance = static_cast<std::ptrdiff_t>(prefetch_distance);
-    return amd ? stream_tuning{false, 4 * distance, false} : stream_tuning{true, 2 * distance, true};
+    if (!amd) return {true, 2 * distance, true};
+    return family >= 26 ? stream_tuning{false, 4 * distance, false} : stream_tuning{false, 0, true};
   }
 };
 
+#if GRADCLIP_X86_DISPATCH
+/// This CPU's family: CPUID leaf 1's base family, plus the extended family where the base is 15.
+inline unsigned cpu_family() noexcept {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
+  const unsigned base = (eax >> 8) & 0xf;
+  return base == 0xf ? base + ((eax >> 20) & 0xff) : base;
+}
+#endif
+
 /// This CPU's choices, set at start-up; code that runs before that reads {false, 0, false}, as correct.
 #if GRADCLIP_X86_DISPATCH
-inline stream_tuning streaming = stream_tuning::for_vendor((__builtin_cpu_init(), __builtin_cpu_is("amd")));
+inline stream_tuning streaming = stream_tuning::for_cpu((__builtin_cpu_init(), __builtin_cpu_is("amd")), cpu_family());
 #else
-inline stream_tuning streaming = stream_tuning::for_vendor(false);
+inline stream_tuning streaming = stream_tuning::for_cpu(false, 0);
 #endif
 
 /// Asks for the cache lines of [p, p + bytes) moved prefetch_distance ahead, in the vector targets' loops.
@@ -1001,6 +1018,7 @@ struct avx512 {
   __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,fma"))) static void multiply_bf16(
       Eigen::bfloat16* p, std::size_t n, float c) noexcept {
     const __m512 k = _mm512_set1_ps(c);
+    const bool ahead = streams_ahead<Eigen::bfloat16>();
     const std::ptrdiff_t distance = widening_prefetch_distance<Eigen::bfloat16>();
     constexpr std::size_t w = f32::width;
     constexpr int nan_or_subnormal = 0x01 | 0x20 | 0x80;  // vfpclassps: quiet NaN, subnormal, signalling NaN
@@ -1008,7 +1026,7 @@ struct avx512 {
     // A line (two vectors) a step, one prefetch and one test for both: the write pass ran 10 to 20 % faster
     // in cache than a vector a step (AMD EPYC Zen 5).
     for (; i + 2 * w <= n; i += 2 * w) {
-      prefetch_lines<target>(p + i, distance, 2 * w * sizeof(Eigen::bfloat16));
+      if (ahead) prefetch_lines<target>(p + i, distance, 2 * w * sizeof(Eigen::bfloat16));
       const __m512 v = _mm512_mul_ps(f32::load(p + i), k), u = _mm512_mul_ps(f32::load(p + i + w), k);
       if ((_mm512_fpclass_ps_mask(v, nan_or_subnormal) | _mm512_fpclass_ps_mask(u, nan_or_subnormal)) != 0) {
         f32::store(p + i, v);
