@@ -147,6 +147,23 @@ void unscale_then_clip(benchmark::State& state) {
   set_bytes<T>(state);
 }
 
+// gradclip's unscale alone (its read pass and its write pass) by a scale that is not a power of two,
+// S = 1 + 2^-20: every quotient is a division and a round to odd FP32 before the 16-bit rounding, and rounds
+// back to the same value. Against plain_read plus plain_read_write.
+template <class T>
+void unscale_by_any_scale(benchmark::State& state) {
+  auto group = make_group<T>(static_cast<std::size_t>(state.range(0)));
+  gradclip::loss_scaler_config config;
+  config.init_scale = 1 + 0x1p-20;
+  const gradclip::loss_scaler scaler(config);
+  for (auto _ : state) {
+    const auto u = scaler.unscale(group);
+    benchmark::DoNotOptimize(u);
+    benchmark::ClobberMemory();
+  }
+  set_bytes<T>(state);
+}
+
 // From in-cache (8 KiB of FP16) to well past the last-level cache (32 MiB of FP16, 64 MiB of FP32).
 #define GRADCLIP_LOSS_SCALER_BENCH(function, T) \
   BENCHMARK_TEMPLATE(function, T)->RangeMultiplier(16)->Range(1 << 12, 1 << 24)->Unit(benchmark::kMicrosecond)
@@ -157,6 +174,7 @@ GRADCLIP_LOSS_SCALER_BENCH(clip_by_global_norm, Eigen::half);
 GRADCLIP_LOSS_SCALER_BENCH(unscale_and_clip, Eigen::half);
 GRADCLIP_LOSS_SCALER_BENCH(three_passes, Eigen::half);
 GRADCLIP_LOSS_SCALER_BENCH(unscale_then_clip, Eigen::half);
+GRADCLIP_LOSS_SCALER_BENCH(unscale_by_any_scale, Eigen::half);
 GRADCLIP_LOSS_SCALER_BENCH(plain_read, float);
 GRADCLIP_LOSS_SCALER_BENCH(plain_read_write, float);
 GRADCLIP_LOSS_SCALER_BENCH(clip_by_global_norm, float);

@@ -587,6 +587,64 @@ TYPED_TEST(Kernels, DivideMatchesPortableBitForBitAndRoundsCorrectly) {
       }
 }
 
+// Every FP16 and BF16 bit pattern divided by scales that are not powers of two (the vector targets' own
+// loop, round to odd FP32 and then to T): each target gives the portable loop's bits (a NaN's payload
+// aside), and the quotients are correctly rounded where that is documented (s representable in T) and for
+// 2/3 (1 -+ 2^-30), whose quotients 1.5 x (1 +- 2^-30) lie just off T's midpoints, far nearer than FP32's
+// precision but far from them in FP64's: rounding to FP32 to nearest or toward zero, not to odd, rounds
+// them wrongly. Overflow to Inf, results below T's subnormals and quotients that round to FP32's largest
+// number or its smallest subnormal are among them.
+TYPED_TEST(SixteenBitKernels, DivideRoundsEveryBitPatternCorrectly) {
+  using T = TypeParam;
+  std::vector<T> all(65536 + 3);  // and three more, so that the loops end in a partial vector
+  for (std::size_t b = 0; b < all.size(); ++b)
+    all[b] = Eigen::numext::bit_cast<T>(static_cast<std::uint16_t>(b * 40503u));
+  // (s, whether the quotients are checked against binary128)
+  const std::pair<double, bool> divisors[] = {{3.0, true},
+                                              {static_cast<double>(static_cast<T>(0.1f)), true},
+                                              {static_cast<double>(static_cast<T>(777.0f)), true},
+                                              {static_cast<double>(std::numeric_limits<T>::max()), true},
+                                              {static_cast<double>(std::numeric_limits<T>::denorm_min()), true},
+                                              {static_cast<double>(static_cast<T>(-1.7e-3f)), true},
+                                              {2.0 / 3.0 * (1 - 0x1p-30), true},
+                                              {2.0 / 3.0 * (1 + 0x1p-30), true},
+                                              {0.1, false},
+                                              {1.0 / 3.0, false},
+                                              {1e-30, false},
+                                              {1e30, false},
+                                              {1e-300, false}};
+  for (const auto& [s, checked] : divisors) {
+    SCOPED_TRACE(type_name<T>() + " s=" + std::to_string(s));
+    auto ref = all;
+    portable::divide(ref.data(), ref.size(), s);
+    for (isa target : vector_isas()) {
+      auto got = all;
+      with_isa(target, [&, s = s](auto kernels) { decltype(kernels)::divide(got.data(), got.size(), s); });
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        if (is_nan(ref[i])) {
+          ASSERT_TRUE(is_nan(got[i])) << name_of(target) << " element " << i;  // the payload may differ
+          ASSERT_EQ(std::signbit(static_cast<double>(got[i])), std::signbit(static_cast<double>(ref[i])));
+        } else {
+          ASSERT_EQ(bits(got[i]), bits(ref[i])) << name_of(target) << " " << static_cast<double>(all[i]) << " / " << s;
+        }
+      }
+    }
+    if (!checked) continue;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const double x = static_cast<double>(all[i]);
+      if (std::isnan(x)) {
+        ASSERT_TRUE(is_nan(ref[i]));
+      } else if (std::isinf(x)) {
+        ASSERT_EQ(static_cast<double>(ref[i]), s > 0 ? x : -x);
+      } else {
+        const double want = round_to<T>(to_quad(x) / to_quad(s));
+        ASSERT_EQ(static_cast<double>(ref[i]), want) << x << " / " << s;
+        ASSERT_EQ(std::signbit(static_cast<double>(ref[i])), std::signbit(want)) << x << " / " << s;
+      }
+    }
+  }
+}
+
 // ---- The kernels of interleaved units (unit u's element c at base[c * stride + u]): unit and column
 // counts around the vector width, the tile and the fold width, a stride with padding, and masked units
 // holding NaN and Inf.

@@ -413,6 +413,23 @@ struct avx2 {
     }
     static __m256d widen_low(vec v) noexcept { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
     static __m256d widen_high(vec v) noexcept { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
+    /// The lanes of low, then of high, each rounded to FP32 to odd (round_to_odd_float's bits): rounded to
+    /// nearest, stepped back one toward zero where that went away from zero (the truncation), and its last
+    /// bit set where inexact. NaN stays as rounding left it.
+    static vec round_to_odd(__m256d low, __m256d high) noexcept { return _mm256_set_m128(to_odd(high), to_odd(low)); }
+    static __m128 to_odd(__m256d v) noexcept {
+      const __m128 nearest = _mm256_cvtpd_ps(v);
+      const __m256d back = _mm256_cvtps_pd(nearest), sign = _mm256_set1_pd(-0.0);
+      const __m256d away = _mm256_cmp_pd(_mm256_andnot_pd(sign, back), _mm256_andnot_pd(sign, v), _CMP_GT_OQ);
+      const __m256d inexact = _mm256_cmp_pd(back, v, _CMP_NEQ_OQ);
+      const __m128i truncated = _mm_add_epi32(_mm_castps_si128(nearest), lane_masks(away));  // -1 where away
+      return _mm_castsi128_ps(_mm_or_si128(truncated, _mm_and_si128(lane_masks(inexact), _mm_set1_epi32(1))));
+    }
+    /// Four 64-bit lane masks as four 32-bit ones.
+    static __m128i lane_masks(__m256d m) noexcept {
+      const __m256i low_halves = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+      return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(m), low_halves));
+    }
     static vec mul(vec a, vec b) noexcept { return rounded(_mm256_mul_ps(a, b)); }
     static vec add(vec a, vec b) noexcept { return _mm256_add_ps(a, b); }
   };
@@ -753,6 +770,19 @@ struct avx512 {
     static __m512d widen_low(vec v) noexcept { return _mm512_maskz_cvtps_pd(0xff, _mm512_castps512_ps256(v)); }
     static __m512d widen_high(vec v) noexcept {
       return _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+    }
+    /// The lanes of low, then of high, each rounded to FP32 to odd: see avx2::f32::round_to_odd.
+    static vec round_to_odd(__m512d low, __m512d high) noexcept {
+      return _mm512_insertf32x8(_mm512_zextps256_ps512(to_odd(low)), to_odd(high), 1);
+    }
+    static __m256 to_odd(__m512d v) noexcept {
+      const __m256 nearest = _mm512_maskz_cvtpd_ps(0xff, v);
+      const __m512d back = _mm512_maskz_cvtps_pd(0xff, nearest);
+      const __mmask8 away = _mm512_cmp_pd_mask(_mm512_abs_pd(back), _mm512_abs_pd(v), _CMP_GT_OQ);
+      const __mmask8 inexact = _mm512_cmp_pd_mask(back, v, _CMP_NEQ_OQ);
+      const __m256i one = _mm256_set1_epi32(1), bits = _mm256_castps_si256(nearest);
+      const __m256i truncated = _mm256_mask_sub_epi32(bits, away, bits, one);
+      return _mm256_castsi256_ps(_mm256_mask_or_epi32(truncated, inexact, truncated, one));
     }
     static vec mul(vec a, vec b) noexcept { return rounded(_mm512_mul_ps(a, b)); }
     static vec add(vec a, vec b) noexcept { return _mm512_add_ps(a, b); }
