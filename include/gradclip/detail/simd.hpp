@@ -22,7 +22,6 @@
 
 #if !defined(GRADCLIP_NO_SIMD) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define GRADCLIP_X86_DISPATCH 1
-#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define GRADCLIP_X86_DISPATCH 0
@@ -113,18 +112,27 @@ struct stream_tuning {
 };
 
 #if GRADCLIP_X86_DISPATCH
-/// This CPU's family: CPUID leaf 1's base family, plus the extended family where the base is 15.
-inline unsigned cpu_family() noexcept {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
-  const unsigned base = (eax >> 8) & 0xf;
-  return base == 0xf ? base + ((eax >> 20) & 0xff) : base;
+/// An AMD CPU's family as CPUID numbers it, for the families the compilers name (K10 to Zen 4), and 26 for
+/// any other: Zen 5 and later, which GCC 12 does not name (the low-power families 14h and 16h have no AVX2,
+/// so their loops are the portable ones, which no choice touches). Asked of the compilers' CPU model rather
+/// than of CPUID itself, so that no gradclip header defines <cpuid.h>'s macros in the user's code.
+inline unsigned amd_family() noexcept {
+  __builtin_cpu_init();
+  if (__builtin_cpu_is("amdfam19h")) return 25;
+  if (__builtin_cpu_is("amdfam17h")) return 23;
+  if (__builtin_cpu_is("amdfam15h")) return 21;
+  if (__builtin_cpu_is("amdfam10h")) return 16;
+  return 26;
 }
 #endif
 
 /// This CPU's choices, set at start-up; code that runs before that reads {false, 0, false}, as correct.
 #if GRADCLIP_X86_DISPATCH
-inline stream_tuning streaming = stream_tuning::for_cpu((__builtin_cpu_init(), __builtin_cpu_is("amd")), cpu_family());
+inline stream_tuning streaming = [] {
+  __builtin_cpu_init();
+  const bool amd = __builtin_cpu_is("amd");
+  return stream_tuning::for_cpu(amd, amd ? amd_family() : 0);
+}();
 #else
 inline stream_tuning streaming = stream_tuning::for_cpu(false, 0);
 #endif
