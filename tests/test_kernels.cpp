@@ -320,6 +320,22 @@ double multiplied(T x, Compute c) {
   return round_to<T>(to_quad(round_to<Compute>(to_quad(a) * to_quad(b))));
 }
 
+/// got against expected, element by element: the same bits, or a NaN of the same sign where expected holds
+/// a NaN (its payload may differ between targets). Stops at the first element that differs.
+template <class T>
+void expect_same_bits_but_nan_payloads(const std::vector<T>& got, const std::vector<T>& expected) {
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    if (is_nan(expected[i])) {
+      ASSERT_TRUE(is_nan(got[i])) << "element " << i;
+      ASSERT_EQ(std::signbit(static_cast<double>(got[i])), std::signbit(static_cast<double>(expected[i])))
+          << "element " << i;
+    } else {
+      ASSERT_EQ(bits(got[i]), bits(expected[i])) << "element " << i << " of " << expected.size();
+    }
+  }
+}
+
 template <class Compute, class T>
 void check_multiply(const std::vector<T>& data, Compute c, std::size_t offset, std::size_t n, bool reference = true) {
   if (reference) {  // the portable kernel against the binary128 reference
@@ -346,14 +362,7 @@ void check_multiply(const std::vector<T>& data, Compute c, std::size_t offset, s
     auto got = data;
     portable::multiply<Compute>(expected.data() + offset, n, c);
     with_isa(target, [&](auto k) { decltype(k)::template multiply<Compute>(got.data() + offset, n, c); });
-    for (std::size_t i = 0; i < data.size(); ++i) {
-      if (is_nan(expected[i])) {
-        ASSERT_TRUE(is_nan(got[i])) << "element " << i;  // the NaN payload may differ
-        ASSERT_EQ(std::signbit(static_cast<double>(got[i])), std::signbit(static_cast<double>(expected[i])));
-      } else {
-        ASSERT_EQ(bits(got[i]), bits(expected[i])) << "element " << i << " of " << data.size();
-      }
-    }
+    expect_same_bits_but_nan_payloads(got, expected);
   }
 }
 
@@ -620,14 +629,8 @@ TYPED_TEST(SixteenBitKernels, DivideRoundsEveryBitPatternCorrectly) {
     for (isa target : vector_isas()) {
       auto got = all;
       with_isa(target, [&, s = s](auto kernels) { decltype(kernels)::divide(got.data(), got.size(), s); });
-      for (std::size_t i = 0; i < all.size(); ++i) {
-        if (is_nan(ref[i])) {
-          ASSERT_TRUE(is_nan(got[i])) << name_of(target) << " element " << i;  // the payload may differ
-          ASSERT_EQ(std::signbit(static_cast<double>(got[i])), std::signbit(static_cast<double>(ref[i])));
-        } else {
-          ASSERT_EQ(bits(got[i]), bits(ref[i])) << name_of(target) << " " << static_cast<double>(all[i]) << " / " << s;
-        }
-      }
+      SCOPED_TRACE(name_of(target));
+      expect_same_bits_but_nan_payloads(got, ref);
     }
     if (!checked) continue;
     for (std::size_t i = 0; i < all.size(); ++i) {
