@@ -76,6 +76,15 @@ inline const bool has_avx512_bf16 = isa_supported(isa::avx512) && __builtin_cpu_
 inline constexpr bool has_avx512_bf16 = false;
 #endif
 
+/// Whether the avx512 kernels add FP16 and BF16 magnitudes by AVX-512 VBMI's byte shifts
+/// (avx512::add_field_lines); false before it is initialized, which is always correct. Only speed depends
+/// on it: test_kernels turns it off and compares the bits.
+#if GRADCLIP_X86_DISPATCH
+inline bool use_avx512_vbmi = isa_supported(isa::avx512) && __builtin_cpu_supports("avx512vbmi");
+#else
+inline constexpr bool use_avx512_vbmi = false;
+#endif
+
 // How far ahead of its loads a streaming kernel asks for lines. One core of an Intel server CPU reads
 // from memory at the rate of the misses it keeps in flight; a plain read keeps enough, but a kernel that
 // widens and multiplies between its loads keeps fewer, and the hardware prefetchers alone left the norms
@@ -187,6 +196,7 @@ GRADCLIP_FP_CONTRACT_OFF_BEGIN
 struct portable {
   static constexpr isa target = isa::portable;
   static constexpr bool bf16_instruction = false;  // see avx512
+  static constexpr bool field_lines = false;       // see avx512
 
   struct f32 {
     using vec = float;
@@ -358,6 +368,7 @@ struct avx2 {
 
   static constexpr isa target = isa::avx2;
   static constexpr bool bf16_instruction = false;  // see avx512
+  static constexpr bool field_lines = false;       // see avx512
 
   struct f32 {
     using vec = __m256;
@@ -1081,6 +1092,53 @@ struct avx512 {
     }
     for (; i < n; ++i) p[i] = narrow<Eigen::bfloat16>(widen<float>(p[i]) * c);
   }
+
+  /// field_sum's whole lines of 32 FP16 or BF16 elements on a CPU with AVX-512 VBMI (use_avx512_vbmi): a word
+  /// permutation gathers elements q, q + 8, q + 16 and q + 24 into 64-bit lane q, and a multishift a
+  /// quarter moves each one's magnitude to add_fields' place with every other bit zero, so each lane gets
+  /// the elements add_fields gives it, in the same order: the same bits, with about two vector operations
+  /// per 8 elements instead of three (the L1 norm in cache at 0.52 of the L2 norm's speed against 0.42, FP16
+  /// and BF16 alike, on an AMD EPYC Zen 4, where it had kept up with memory only just). Returns how many
+  /// elements it added and raises `top` to their largest magnitude's bits.
+  template <class T>
+  __attribute__((target("avx512vbmi,avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,fma"))) static std::size_t
+  add_field_lines(f64::vec (&acc)[2], const T* p, std::size_t m, std::uint16_t& top) noexcept {
+    constexpr int shift = 53 - std::numeric_limits<T>::digits;
+    // Byte k of a lane takes the 8 bits from (element's bit + 8k - shift) mod 64; bytes 0 to 4 are zeroed.
+    // A quarter's neighbours are zeroed first, so the bits below and above its 15 read as zero.
+    constexpr auto control = [](int bit) {
+      std::uint64_t c = 0;
+      for (int k = 5; k < 8; ++k) c |= std::uint64_t((bit + 8 * k - shift) & 63) << (8 * k);
+      return static_cast<long long>(c);
+    };
+    constexpr __mmask64 fields = 0xe0e0e0e0e0e0e0e0;
+    const __m512i order = _mm512_loadu_si512(line_order);
+    constexpr long long controls[4] = {control(0), control(16), control(32), control(48)};
+    const __m512i quarter[4] = {_mm512_set1_epi64(controls[0]), _mm512_set1_epi64(controls[1]),
+                                _mm512_set1_epi64(controls[2]), _mm512_set1_epi64(controls[3])};
+    const __m512i even = _mm512_set1_epi64(0x00007fff00007fff), odd = _mm512_set1_epi64(0x7fff00007fff0000);
+    const bool ahead = streams_ahead<T>();
+    const std::ptrdiff_t distance = widening_prefetch_distance<T>();
+    __m512i high = _mm512_setzero_si512();
+    std::size_t i = 0;
+    for (; i + 32 <= m; i += 32) {
+      if (ahead) prefetch_lines<target>(p + i, distance, 64);
+      const __m512i x = _mm512_permutexvar_epi16(order, _mm512_loadu_si512(p + i));
+      const __m512i a = _mm512_and_si512(x, even), b = _mm512_and_si512(x, odd);  // elements 0-7, 16-23; the rest
+      high = _mm512_max_epu16(high, _mm512_or_si512(a, b));
+      acc[0] = f64::add(acc[0], _mm512_castsi512_pd(_mm512_maskz_multishift_epi64_epi8(fields, quarter[0], a)));
+      acc[1] = f64::add(acc[1], _mm512_castsi512_pd(_mm512_maskz_multishift_epi64_epi8(fields, quarter[1], b)));
+      acc[0] = f64::add(acc[0], _mm512_castsi512_pd(_mm512_maskz_multishift_epi64_epi8(fields, quarter[2], a)));
+      acc[1] = f64::add(acc[1], _mm512_castsi512_pd(_mm512_maskz_multishift_epi64_epi8(fields, quarter[3], b)));
+    }
+    const __m256i halves = _mm256_max_epu16(_mm512_castsi512_si256(high), _mm512_extracti64x4_epi64(high, 1));
+    top = std::max(top, avx2::i16::max_lane(halves));
+    return i;
+  }
+  /// Word 4q + j of a line gathered for add_field_lines: element 8j + q.
+  static constexpr std::uint16_t line_order[32] = {0, 8,  16, 24, 1, 9,  17, 25, 2, 10, 18, 26, 3, 11, 19, 27,
+                                                   4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31};
+  static constexpr bool field_lines = true;
 
 #include <gradclip/detail/kernels.inc>
 #include <gradclip/detail/update_kernels.inc>
