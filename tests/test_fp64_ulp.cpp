@@ -225,6 +225,30 @@ TEST(Fp64Kernels, CompensatedSquaresOfGrowingBlocksAreAccurateToDoubleDouble) {
   }
 }
 
+// Many equal elements: every lane adds the same square to a sum in the same binade, so each addition loses
+// the same amount, and the compensation that collects those errors is rounded the same way each time it
+// grows. Before each block each lane's compensation moves into its sum (Fast2Sum, exact), which keeps it
+// below 65 u s (s the lane's sum: the move leaves u s, a block adds 32 errors below 2 u s), so its n / 32
+// roundings per lane stay below (65 / 32) n u^2 of the total: the bound here, tighter than the general one
+// because the offset never moves. Left to grow, the compensation is 7 to 22 times that bound off at 2^22
+// elements (1/3, 0.1, pi/4).
+TEST(Fp64Kernels, CompensatedSquaresOfEqualElementsKeepTheCompensationSmall) {
+  const std::size_t n = std::size_t{1} << 22;
+  const double x = 1.0 / 3.0;
+  const std::vector<double> g(n, x);
+  const quad exact = to_quad(x) * to_quad(x) * static_cast<quad>(n);  // exact in binary128
+  const double bound = (65.0 / 32 * static_cast<double>(n) + 0x1p12) * u * u;
+  for (const isa target : {isa::portable, isa::avx2, isa::avx512}) {
+    if (!gradclip::detail::isa_supported(target)) continue;
+    std::size_t done = 0;
+    const auto s = with_isa(
+        target, [&](auto k) { return decltype(k)::template compensated_squares<false>(g.data(), n, 0, 0, done); });
+    EXPECT_EQ(done, n);
+    EXPECT_LE(static_cast<double>(quad_abs(to_quad(s.hi) + to_quad(s.lo) - exact) / exact), bound)
+        << "target " << static_cast<int>(target);
+  }
+}
+
 std::vector<isa> vector_isas() {
   std::vector<isa> found;
   for (const isa target : {isa::avx2, isa::avx512})
