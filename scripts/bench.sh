@@ -20,12 +20,21 @@ gradclip_install_missing "${GRADCLIP_BASE_PACKAGES[@]}" libbenchmark-dev python3
 
 jobs=$(nproc)
 
+# Whether build/bench builds bench_torch. Its cache keeps what the first configure found, so a build
+# directory configured before libtorch was installed leaves the libtorch rows out: say so.
+torch_built() {
+  if grep -q '^GRADCLIP_WITH_TORCH:BOOL=ON' build/bench/CMakeCache.txt; then return 0; fi
+  echo "note: GRADCLIP_WITH_TORCH is OFF in build/bench, so the libtorch rows are left out" \
+    "(cmake -B build/bench -DGRADCLIP_WITH_TORCH=ON adds them where libtorch is installed)" >&2
+  return 1
+}
+
 # The speed-at-every-size figures (issue 16), each beside its target: bench_clip's paired cases at 128 Ki
 # (in cache) and 64 Mi, bench_sizes (small tensors, GPT-2 small, threads) and bench_torch on GPT-2 small.
 # Writes docs/bench/sizes.md and docs/bench/sizes.png; about 5 minutes on two cores, build included.
 sizes_figures() {
-  local targets=(bench_clip bench_sizes)
-  if grep -q '^GRADCLIP_WITH_TORCH:BOOL=ON' build/bench/CMakeCache.txt; then targets+=(bench_torch); fi
+  local targets=(bench_clip bench_sizes) torch=false
+  if torch_built; then targets+=(bench_torch) torch=true; fi
   cmake --build --preset bench -j "$jobs" --target "${targets[@]}"
   local out=docs/bench scratch
   scratch=$(mktemp -d)
@@ -38,7 +47,7 @@ sizes_figures() {
   echo "== bench_sizes (3 repetitions)"
   build/bench/bench/bench_sizes "${paired[@]}" --benchmark_repetitions=3 --benchmark_out="$scratch/sizes.json" >/dev/null
   local torch_args=()
-  if [[ -x build/bench/bench/bench_torch ]]; then
+  if $torch; then
     echo "== bench_torch: GPT-2 small (3 repetitions)"
     build/bench/bench/bench_torch "${paired[@]}" --benchmark_repetitions=3 --benchmark_min_time=0.2 \
       --benchmark_filter='^paired<.*gpt2' --benchmark_out="$scratch/torch.json" >/dev/null
@@ -59,9 +68,8 @@ fi
 if [[ "${1:-}" == "--quick" ]]; then
   if (($# > 1)); then echo "scripts/bench.sh --quick takes no other arguments" >&2; exit 2; fi
   cmake --preset bench >/dev/null
-  targets=(bench_clip)
-  # bench_torch exists only when libtorch was found.
-  if grep -q '^GRADCLIP_WITH_TORCH:BOOL=ON' build/bench/CMakeCache.txt; then targets+=(bench_torch); fi
+  targets=(bench_clip) torch=false
+  if torch_built; then targets+=(bench_torch) torch=true; fi
   cmake --build --preset bench -j "$jobs" --target "${targets[@]}"
   out=docs/bench/quick
   mkdir -p "$out"
@@ -75,7 +83,7 @@ if [[ "${1:-}" == "--quick" ]]; then
   build/bench/bench/bench_clip "${paired[@]}" --benchmark_filter='^paired/(norm|clip_binds)/[a-z0-9]+/67108864/' \
     --benchmark_out="$out/paired.json" >/dev/null
   torch_args=()
-  if [[ -x build/bench/bench/bench_torch ]]; then
+  if $torch; then
     echo "== bench_torch: paired cases, 3 repetitions"
     build/bench/bench/bench_torch "${paired[@]}" --benchmark_min_time=0.2 --benchmark_filter='^paired<' \
       --benchmark_out="$out/torch.json" >/dev/null
