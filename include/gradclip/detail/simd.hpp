@@ -78,7 +78,7 @@ inline constexpr bool has_avx512_bf16 = false;
 
 /// Whether the avx512 kernels add FP16 and BF16 magnitudes by AVX-512 VBMI's byte shifts
 /// (avx512::add_field_lines); false before it is initialized, which is always correct. Only speed depends
-/// on it: test_kernels turns it off and compares the bits.
+/// on it: test_p_norm_kernels turns it off and compares the bits.
 #if GRADCLIP_X86_DISPATCH
 inline bool use_avx512_vbmi = isa_supported(isa::avx512) && __builtin_cpu_supports("avx512vbmi");
 #else
@@ -1096,10 +1096,10 @@ struct avx512 {
   /// field_sum's whole lines of 32 FP16 or BF16 elements on a CPU with AVX-512 VBMI (use_avx512_vbmi): a word
   /// permutation gathers elements q, q + 8, q + 16 and q + 24 into 64-bit lane q, and a multishift a
   /// quarter moves each one's magnitude to add_fields' place with every other bit zero, so each lane gets
-  /// the elements add_fields gives it, in the same order: the same bits, with about two vector operations
-  /// per 8 elements instead of three (the L1 norm in cache at 0.52 of the L2 norm's speed against 0.42, FP16
-  /// and BF16 alike, on an AMD EPYC Zen 4, where it had kept up with memory only just). Returns how many
-  /// elements it added and raises `top` to their largest magnitude's bits.
+  /// the elements add_fields gives it, in the same order: the same bits, with 14 instructions per 32
+  /// elements instead of 20 (the L1 norm in cache at 0.52 of the L2 norm's speed against 0.42, FP16 and BF16
+  /// alike, on an AMD EPYC Zen 4, where it had kept up with memory only just). Returns how many elements it
+  /// added and raises `top` to their largest magnitude's bits.
   template <class T>
   __attribute__((target("avx512vbmi,avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,fma"))) static std::size_t
   add_field_lines(f64::vec (&acc)[2], const T* p, std::size_t m, std::uint16_t& top) noexcept {
