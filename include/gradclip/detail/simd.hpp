@@ -195,8 +195,6 @@ struct fold_sources<I, W, G, High, std::index_sequence<O...>> {
 GRADCLIP_FP_CONTRACT_OFF_BEGIN
 struct portable {
   static constexpr isa target = isa::portable;
-  static constexpr bool bf16_instruction = false;  // see avx512
-  static constexpr bool field_lines = false;       // see avx512
 
   struct f32 {
     using vec = float;
@@ -367,8 +365,6 @@ struct avx2 {
   }
 
   static constexpr isa target = isa::avx2;
-  static constexpr bool bf16_instruction = false;  // see avx512
-  static constexpr bool field_lines = false;       // see avx512
 
   struct f32 {
     using vec = __m256;
@@ -1057,13 +1053,11 @@ struct avx512 {
     static double max_lane(__m512d v) noexcept { return f64::max_lane(v); }
   };
 
-  // AVX-512 BF16 (Cooper Lake, Sapphire Rapids, Zen 4 and later) rounds FP32 to BF16 in one instruction,
-  // to nearest even as Eigen does, where f32::store takes eight: the binding BF16 clip's write pass ran
-  // at half its speed in cache (issue 28). The instruction flushes subnormals to zero and keeps NaN
-  // payloads, so a vector holding either takes f32::store; the bits are f32::store's either way.
-  static constexpr bool bf16_instruction = true;
-
-  /// multiply<float> of BF16 elements on a CPU with AVX-512 BF16 (has_avx512_bf16).
+  /// multiply<float> of BF16 elements on a CPU with AVX-512 BF16 (has_avx512_bf16). That extension (Cooper
+  /// Lake, Sapphire Rapids, Zen 4 and later) rounds FP32 to BF16 in one instruction, to nearest even as Eigen
+  /// does, where f32::store takes eight: the binding BF16 clip's write pass ran at half its speed in cache
+  /// (issue 28). The instruction flushes subnormals to zero and keeps NaN payloads, so a vector holding
+  /// either takes f32::store; the bits are f32::store's either way.
   __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,fma"))) static void multiply_bf16(
       Eigen::bfloat16* p, std::size_t n, float c) noexcept {
     const __m512 k = _mm512_set1_ps(c);
@@ -1138,7 +1132,6 @@ struct avx512 {
   /// Word 4q + j of a line gathered for add_field_lines: element 8j + q.
   static constexpr std::uint16_t line_order[32] = {0, 8,  16, 24, 1, 9,  17, 25, 2, 10, 18, 26, 3, 11, 19, 27,
                                                    4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31};
-  static constexpr bool field_lines = true;
 
 #include <gradclip/detail/kernels.inc>
 #include <gradclip/detail/update_kernels.inc>
