@@ -184,6 +184,18 @@ TEST(Fp64Kernels, MultiplyExactlyRoundsOnceEverywhere) {
   }
 }
 
+// compensated_squares<Ranged> of all of g on `target` (Ranged: over [2^-451, 2^450), which holds every g
+// here), before its rounding: its relative error against `exact`. Every element must be taken.
+template <bool Ranged>
+double compensated_error(isa target, const std::vector<double>& g, quad exact) {
+  std::size_t done = 0;
+  const auto s = with_isa(target, [&](auto k) {
+    return decltype(k)::template compensated_squares<Ranged>(g.data(), g.size(), 0x1p-451, 0x1p450, done);
+  });
+  EXPECT_EQ(done, g.size());
+  return static_cast<double>(quad_abs(to_quad(s.hi) + to_quad(s.lo) - exact) / exact);
+}
+
 // The compensated sum before its rounding: within (140 n + 2^18) u^2 of the exact sum (compensated_squares'
 // bound).
 TEST(Fp64Kernels, CompensatedSquaresAreAccurateToDoubleDouble) {
@@ -191,14 +203,9 @@ TEST(Fp64Kernels, CompensatedSquaresAreAccurateToDoubleDouble) {
   std::mt19937_64 rng(seed + 48);
   for (const std::size_t n : {1u, 17u, 1000u, 5000u, 100000u}) {
     const std::vector<double> g = spread(n, -20, 20, rng);
-    std::size_t done = 0;
-    const auto s = with_isa(gradclip::detail::best_isa(), [&](auto k) {
-      return decltype(k)::template compensated_squares<false>(g.data(), n, 0, 0, done);
-    });
-    EXPECT_EQ(done, n);
-    const quad exact = exact_norm(g) * exact_norm(g);
     const double bound = (140 * static_cast<double>(n) + 0x1p18) * u * u;
-    EXPECT_LE(static_cast<double>(quad_abs(to_quad(s.hi) + to_quad(s.lo) - exact) / exact), bound) << "n = " << n;
+    EXPECT_LE(compensated_error<false>(gradclip::detail::best_isa(), g, exact_norm(g) * exact_norm(g)), bound)
+        << "n = " << n;
   }
 }
 
@@ -214,12 +221,7 @@ TEST(Fp64Kernels, CompensatedSquaresOfGrowingBlocksAreAccurateToDoubleDouble) {
     const double bound = (140 * static_cast<double>(n) + 0x1p18) * u * u;
     for (const isa target : {isa::portable, isa::avx2, isa::avx512}) {
       if (!gradclip::detail::isa_supported(target)) continue;
-      std::size_t done = 0;
-      const auto s = with_isa(target, [&](auto k) {
-        return decltype(k)::template compensated_squares<true>(g.data(), n, 0x1p-451, 0x1p450, done);
-      });
-      EXPECT_EQ(done, n);
-      EXPECT_LE(static_cast<double>(quad_abs(to_quad(s.hi) + to_quad(s.lo) - exact) / exact), bound)
+      EXPECT_LE(compensated_error<true>(target, g, exact), bound)
           << "n = " << n << ", target " << static_cast<int>(target);
     }
   }
@@ -240,12 +242,7 @@ TEST(Fp64Kernels, CompensatedSquaresOfEqualElementsKeepTheCompensationSmall) {
   const double bound = (65.0 / 32 * static_cast<double>(n) + 0x1p12) * u * u;
   for (const isa target : {isa::portable, isa::avx2, isa::avx512}) {
     if (!gradclip::detail::isa_supported(target)) continue;
-    std::size_t done = 0;
-    const auto s = with_isa(
-        target, [&](auto k) { return decltype(k)::template compensated_squares<false>(g.data(), n, 0, 0, done); });
-    EXPECT_EQ(done, n);
-    EXPECT_LE(static_cast<double>(quad_abs(to_quad(s.hi) + to_quad(s.lo) - exact) / exact), bound)
-        << "target " << static_cast<int>(target);
+    EXPECT_LE(compensated_error<false>(target, g, exact), bound) << "target " << static_cast<int>(target);
   }
 }
 
