@@ -460,7 +460,7 @@ TYPED_TEST(Kernels, EveryStreamingChoiceGivesTheSameBits) {
     tuning = choice;
     EXPECT_EQ(results(), expected) << name << " choices";
   }
-  tuning = {false, 0, false};
+  tuning = {false, 0, false, false};
   EXPECT_EQ(results(), expected) << "no prefetch, no pairs";
   tuning = own;
 }

@@ -207,7 +207,7 @@ inline void add_rescaled_block(const double* block, std::size_t m, compensated_t
 
 /// The FP64 sum of squares compensated (compensated_squares, kernels.inc), max-scaled blocks as in
 /// sum_squares, everything merged in double-double and rounded once: within about 2^-53 relative of the
-/// exact sum ((140 n + 2^18) 2^-106 more).
+/// exact sum ((4400 n + 2^21) 2^-106 more).
 template <class K>
 inline partial_norm compensated_sum_squares(const double* p, std::size_t n) noexcept {
   const double lo = std::ldexp(1.0, -safe_exponent_range<double> - 1);
