@@ -111,9 +111,10 @@ struct stream_tuning {
   bool wide_prefetch;              ///< whether loops over 4- and 8-byte elements ask ahead
   std::ptrdiff_t narrow_distance;  ///< how far ahead loops that widen 16-bit elements ask, in bytes; 0: not at all
   bool bf16_pairs;                 ///< whether block_squares reads BF16 as 32-bit pairs (where ops allow)
-  /// Whether compensated_squares reads a 512-bit vector in one load rather than as two 256-bit halves (as
-  /// every other FP64 loop does): in cache on AMD Zen 4, 0.73-0.76 of a plain read against 0.63-0.66, and
-  /// as fast from DRAM; there the halves cost other FP64 loops nothing in cache, and Zen 5 is unmeasured.
+  /// Whether compensated_squares reads a 512-bit vector in one load rather than as two 256-bit halves: in
+  /// cache on AMD Zen 4, 0.73-0.76 of a plain read against 0.63-0.66, and as fast from DRAM. Other FP64
+  /// loops keep the halves (one load cost the promote norm in cache 0.93 -> 0.86 there); Zen 5, whose
+  /// streams ran 1.3x faster with halves (f32::load), is unmeasured.
   bool whole_compensated_loads;
 
   /// The choices for a CPU of this vendor and family (as CPUID numbers it: 25 for Zen 3 and 4, 26 for Zen 5).
