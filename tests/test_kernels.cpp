@@ -548,7 +548,11 @@ TYPED_TEST(Kernels, DivideMatchesPortableBitForBitAndRoundsCorrectly) {
   std::uniform_real_distribution<double> u(1.0, 2.0);
   std::uniform_int_distribution<int> e(-30, 30);
   std::vector<T> data(longest + 2);
-  for (auto& x : data) x = static_cast<T>(static_cast<float>(std::ldexp(u(rng), e(rng)) * (u(rng) < 1.5 ? -1 : 1)));
+  for (auto& x : data) {  // the draws sequenced, as g++ made them, so that every compiler makes the same
+    const int exponent = e(rng);
+    const double magnitude = std::ldexp(u(rng), exponent);
+    x = static_cast<T>(static_cast<float>(u(rng) < 1.5 ? -magnitude : magnitude));
+  }
   data[7] = std::numeric_limits<T>::denorm_min();
   data[8] = std::numeric_limits<T>::max();
   data[9] = std::numeric_limits<T>::quiet_NaN();

@@ -75,7 +75,12 @@ std::vector<T> spread_values(std::size_t n, std::mt19937_64& rng, int binades) {
   std::vector<T> v(n);
   for (auto& x : v) {
     const int c = coin(rng);
-    x = c == 0 ? T(0.0f) : static_cast<T>(std::ldexp(c % 2 ? u(rng) : -u(rng), e(rng)));
+    if (c == 0) {
+      x = T(0.0f);
+      continue;
+    }
+    const int exponent = e(rng);  // the draws sequenced, as g++ made them, so that every compiler makes the same
+    x = static_cast<T>(std::ldexp(c % 2 ? u(rng) : -u(rng), exponent));
   }
   return v;
 }
