@@ -1,6 +1,8 @@
 # Fails unless `ctest -L LABEL` selects tests of every executable in EXECUTABLES (a list): the labels a
-# gradclip_add_test call gives really reach its discovered tests. Usage: cmake -DBUILD_DIR=...
-# -DLABEL=threads "-DEXECUTABLES=test_parallel;test_matrix" -P check_labels.cmake
+# gradclip_add_test call gives really reach its discovered tests; and, given PRESET, unless that build
+# preset of PRESETS (CMakePresets.json) lists every one of them among its targets. Usage: cmake
+# -DBUILD_DIR=... -DLABEL=kernels "-DEXECUTABLES=test_norm;test_matrix" [-DPRESETS=... -DPRESET=arm64] -P
+# check_labels.cmake
 cmake_minimum_required(VERSION 3.21)
 execute_process(COMMAND ${CMAKE_CTEST_COMMAND} --test-dir ${BUILD_DIR} -L "^${LABEL}$" --show-only=json-v1
                 OUTPUT_VARIABLE listing RESULT_VARIABLE status)
@@ -23,3 +25,35 @@ foreach(executable IN LISTS EXECUTABLES)
   endif()
 endforeach()
 message(STATUS "ctest -L ${LABEL}: ${count} tests, of every one of ${EXECUTABLES}")
+if(PRESET)
+  file(READ ${PRESETS} presets)
+  string(JSON presets_count LENGTH "${presets}" buildPresets)
+  math(EXPR last "${presets_count} - 1")
+  set(targets)
+  set(found FALSE)
+  foreach(i RANGE ${last})
+    string(JSON name GET "${presets}" buildPresets ${i} name)
+    if(name STREQUAL PRESET)
+      set(found TRUE)
+      string(JSON targets_count ERROR_VARIABLE no_targets LENGTH "${presets}" buildPresets ${i} targets)
+      if(no_targets)  # a preset without targets builds every one
+        set(targets ${EXECUTABLES})
+      else()
+        math(EXPR last_target "${targets_count} - 1")
+        foreach(j RANGE ${last_target})
+          string(JSON target GET "${presets}" buildPresets ${i} targets ${j})
+          list(APPEND targets ${target})
+        endforeach()
+      endif()
+    endif()
+  endforeach()
+  if(NOT found)
+    message(FATAL_ERROR "${PRESETS} has no build preset ${PRESET}")
+  endif()
+  foreach(executable IN LISTS EXECUTABLES)
+    if(NOT executable IN_LIST targets)
+      message(FATAL_ERROR "the ${PRESET} build preset does not build ${executable}, labelled ${LABEL}")
+    endif()
+  endforeach()
+  message(STATUS "the ${PRESET} build preset builds every one of them")
+endif()
