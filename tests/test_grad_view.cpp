@@ -130,7 +130,7 @@ TYPED_TEST(FrontEndTyped, GlobalNormEqualsTheNormOfTheConcatenation) {
   }
   const quad exact = exact_norm(all);
   EXPECT_LE(relative_error(gradclip::global_norm(group), exact), robust_norm_bound<T>());
-  EXPECT_LE(relative_error(gradclip::global_norm<gradclip::max_scale>(group), exact), 1e-5);
+  EXPECT_LE(relative_error(gradclip::global_norm<gradclip::max_scale>(group), exact), chain_norm_bound<T>());
   auto clipped_all = all;
   const auto single = gradclip::clip_by_norm(clipped_all, 1.0);
   const auto global = gradclip::clip_by_global_norm(group, 1.0);

@@ -1027,7 +1027,6 @@ TEST(TorchOpPath, SeedCasesHold) {
     const quad expected = gradclip_test::to_quad(stored) * exact_coefficient(exact, 1.0);
     for (int i = 0; i < 2; ++i) {
       const double got = big.grad()[i].item<double>();
-      EXPECT_NEAR(got, 0.70710678, 1e-3);
       if (type == torch::kHalf)
         EXPECT_EQ(got, static_cast<double>(Eigen::half(static_cast<float>(expected))));
       else

@@ -81,8 +81,8 @@ TEST(FuzzRegression, ClipByValueLimitNegativeZero) {
 // that expected +0.0; kept so the check stays value-based).
 TEST(FuzzRegression, PropagateWithMaxNormNegativeZero) { replay(regressions / "propagate-max-norm-negative-zero"); }
 
-// robust on FP64: 700 x DBL_MAX clipped to 1.5625 lands 1.17 ulps from the exact projection, because its
-// FP64 norm carries a few roundings; the harness allows one ulp plus that norm error for FP64.
+// robust on FP64: 700 x DBL_MAX clipped to 1.5625 landed 1.17 ulps from the exact projection while the FP64
+// sum of squares was plain; compensated, every element is within the one ulp the harness now requires.
 TEST(FuzzRegression, RobustFp64ClipBeyondOneUlp) { replay(regressions / "f64-robust-clip-beyond-one-ulp"); }
 
 // robust on 1022 large FP32 elements (norm 8.5e38): its norm is 1.7e-16 relative from the exact one, within the
