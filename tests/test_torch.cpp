@@ -145,12 +145,15 @@ quad exact_global_norm(const std::vector<torch::Tensor>& parameters, double p) {
   return std::isinf(p) ? sum : quad_root(sum, static_cast<int>(p));
 }
 
-/// The documented relative error bound of the robust policy's norm of T elements for the norm of order p:
-/// 1e-12 for p-norms other than L2, exact for the max norm, and robust_norm_bound for L2.
+/// The documented relative error bound of the drop-in's norm of T elements for the norm of order p: 1e-12
+/// for p-norms other than L2, exact for the max norm, and robust_norm_bound for L2, except FP64 through the
+/// libtorch-ops path (`through_ops`), whose sums are libtorch's plain FP64 sums, not robust's compensated
+/// one: 1e-14 there.
 template <class T>
-double documented_norm_bound(double p) {
+double documented_norm_bound(double p, bool through_ops = gradclip_test::ops_forced()) {
   if (std::isinf(p)) return 0;
   if (p != 2) return 1e-12;
+  if (std::is_same_v<T, double> && through_ops) return 1e-14;
   return gradclip_test::robust_norm_bound<T>();
 }
 
@@ -978,14 +981,15 @@ void expect_op_path_within_bound(torch::Dtype type, double p) {
     const quad exact = exact_global_norm(originals, p);
     const double op_norm = clip_through_ops(ops, max_norm, p);
     const double op_error = gradclip_test::relative_error(op_norm, exact);
-    EXPECT_LE(op_error, documented_norm_bound<T>(p));
+    EXPECT_LE(op_error, documented_norm_bound<T>(p, true));
     op_worst = std::max(op_worst, op_error);
     if (test_device().is_cpu()) {
       std::vector<gradclip::grad_view> native;
       for (const auto& g : gradients_of(originals)) native.push_back(gradclip::libtorch::detail::flat_view(g));
       const double native_norm = gradclip::global_norm(native, opt);
       const double apart = std::abs(op_norm - native_norm) / static_cast<double>(exact);
-      EXPECT_LE(apart, 2 * documented_norm_bound<T>(p)) << op_norm << " against the native " << native_norm;
+      EXPECT_LE(apart, documented_norm_bound<T>(p, true) + documented_norm_bound<T>(p, false))
+          << op_norm << " against the native " << native_norm;
       apart_worst = std::max(apart_worst, apart);
     }
     const double narrow = sizeof(T) == 2 ? 0x1p-23 : 0.0;
