@@ -180,7 +180,8 @@ TYPED_TEST(Report, ChangesNoResultAndNoBitForOneAndTwoThreads) {
 
 /// Many small gradients, as a model's biases and norms are (up to a little past the reductions' short
 /// runs), of random values drawn among zeros, subnormals, the largest finite values, Inf and NaN: each
-/// counted as count_widened counts it, and each norm the bits of norm() of that gradient alone.
+/// counted as count_widened counts it, and each norm the bits of norm() of that gradient alone, for the
+/// L2, RMS, maximum and L1 norms (the gradients of normal numbers alone take the reduction's short path).
 TYPED_TEST(Report, SmallGradientsCountedAndNormedAsAlone) {
   using T = TypeParam;
   using limits = std::numeric_limits<T>;
@@ -205,7 +206,8 @@ TYPED_TEST(Report, SmallGradientsCountedAndNormedAsAlone) {
     }
     grads.push_back(v);
   }
-  for (gradclip::norm_type norm : {gradclip::norm_type(2.0), gradclip::inf_norm, gradclip::norm_type(1.0)}) {
+  for (gradclip::norm_type norm :
+       {gradclip::norm_type(2.0), gradclip::rms_norm, gradclip::inf_norm, gradclip::norm_type(1.0)}) {
     gradclip::tensor_report report;
     gradclip::options alone{gradclip::on_nonfinite::propagate, 0.0, norm}, opt = alone;
     opt.report = &report;
@@ -501,6 +503,17 @@ TEST(NonfiniteError, SaysNoElementIsNonfiniteWhenTheNormOverflowed) {
   }
 }
 
+/// loss_scaler::unscale_and_clip of gradients stored scaled by `scale`, with a max_norm that does not bind,
+/// reporting into `report`.
+template <class Grads>
+gradclip::clip_result unscale_reported(Grads& grads, double scale, gradclip::tensor_report& report) {
+  gradclip::loss_scaler_config config;
+  config.init_scale = scale;
+  gradclip::options opt;
+  opt.report = &report;
+  return gradclip::loss_scaler(config).unscale_and_clip(grads, 1e6, opt);
+}
+
 TEST(Report, LossScalerCountsTheStoredElementsAndUnscalesTheNorm) {
   // An FP16 gradient scaled by S = 2^-10, a loss scale far too low: many of its values flush to zero or
   // become subnormal in storage, which the report shows next to the unscaled norm.
@@ -511,14 +524,9 @@ TEST(Report, LossScalerCountsTheStoredElementsAndUnscalesTheNorm) {
   for (std::size_t i = 0; i < exact.size(); ++i) g[static_cast<Eigen::Index>(i)] = Eigen::half(exact[i] * scale);
   const expected_counts stored = count_widened(g);
   ASSERT_GT(stored.subnormals, 1000u);
-  gradclip::loss_scaler_config config;
-  config.init_scale = scale;
-  const gradclip::loss_scaler scaler(config);
   gradclip::tensor_report report;
-  gradclip::options opt;
-  opt.report = &report;
   const vector_of<Eigen::half> before = g;
-  const auto r = scaler.unscale_and_clip(g, 1e6, opt);
+  const auto r = unscale_reported(g, scale, report);
   ASSERT_EQ(report.size(), 1u);
   EXPECT_EQ(report[0].zeros, stored.zeros);
   EXPECT_EQ(report[0].subnormals, stored.subnormals);
@@ -527,6 +535,32 @@ TEST(Report, LossScalerCountsTheStoredElementsAndUnscalesTheNorm) {
   EXPECT_LE(gradclip_test::relative_error(report[0].norm, gradclip_test::exact_norm(as_std(before)) / quad(scale)),
             gradclip_test::robust_norm_bound<Eigen::half>());
   EXPECT_NEAR(report[0].underflow_fraction(), static_cast<double>(stored.zeros + stored.subnormals) / 4096.0, 0.0);
+}
+
+TEST(Report, LossScalerUnscalesTheNormsOfSmallGradients) {
+  // FP16 gradients of 1 to 40 elements scaled by S = 2^10, every value a normal number: each entry's norm
+  // is that of g / S, its max_abs max |g| / S, as for one large gradient.
+  std::mt19937_64 rng(gradclip_test::seed);
+  const double scale = 0x1p10;
+  std::vector<vector_of<Eigen::half>> grads;
+  for (std::size_t n = 1; n <= 40; ++n) {
+    const std::vector<double> exact = gradclip_test::random_gradient<double>(n, rng, 1e-2);
+    vector_of<Eigen::half> g(static_cast<Eigen::Index>(n));
+    for (std::size_t i = 0; i < n; ++i) g[static_cast<Eigen::Index>(i)] = Eigen::half(exact[i] * scale);
+    const expected_counts stored = count_widened(g);
+    ASSERT_EQ(stored.zeros + stored.subnormals, 0u);
+    grads.push_back(g);
+  }
+  const auto before = grads;
+  gradclip::tensor_report report;
+  (void)unscale_reported(grads, scale, report);
+  ASSERT_EQ(report.size(), grads.size());
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    SCOPED_TRACE(std::to_string(k + 1) + " elements");
+    EXPECT_LE(gradclip_test::relative_error(report[k].norm, gradclip_test::exact_norm(as_std(before[k])) / quad(scale)),
+              gradclip_test::robust_norm_bound<Eigen::half>());
+    EXPECT_EQ(report[k].max_abs, count_widened(before[k]).max_abs / scale);
+  }
 }
 
 template <class T>

@@ -123,7 +123,8 @@ class erased_piece : erased_view {
 /// Calls f(piece<T>) for every piece of a contiguous-or-strided gradient that is all one unit: contiguous
 /// gradients cut every piece_elements elements, other gradients whole.
 template <class T, class F>
-void cut_into_pieces(const strided_view<T>& view, std::size_t unit, std::size_t tensor, F&& f) {
+[[gnu::always_inline]] inline void cut_into_pieces(const strided_view<T>& view, std::size_t unit, std::size_t tensor,
+                                                   F&& f) {
   if (view.outer_size != 1 || view.inner_stride != 1) return f(piece<T>{view, unit, tensor, false});
   for (std::size_t start = 0; start < view.inner_size; start += piece_elements)
     f(piece<T>{{view.data + start, std::min(piece_elements, view.inner_size - start)}, unit, tensor, false});
@@ -168,7 +169,8 @@ struct gradient_units {
   void for_each_piece(F&& f) const {
     std::size_t k = 0;
     for (auto& g : grads) {
-      visit_gradient(g, [&](const auto& view) { cut_into_pieces(view, PerGradient ? k : 0, k, f); });
+      visit_gradient(
+          g, [&](const auto& view) GRADCLIP_INLINE_LAMBDA { cut_into_pieces(view, PerGradient ? k : 0, k, f); });
       ++k;
     }
   }
@@ -432,7 +434,11 @@ struct reports_tensors<Layout, std::void_t<decltype(std::declval<const Layout&>(
 class report_writer {
  public:
   report_writer(tensor_report& report, std::size_t tensors, double order)
-      : stats_(report_staging::stats(report)), kind_(order), order_(order), last_{0, 0.0, true, order} {
+      : stats_(report_staging::stats(report)),
+        kind_(order),
+        order_(order),
+        sums_squares_(kind_.kernel() == run_kernel::sum_of_squares),
+        last_{0, 0.0, true, order} {
     report_staging::stage(report, tensors);
     parts_ = report_staging::parts(report);
   }
@@ -444,6 +450,16 @@ class report_writer {
     partial_norm part = first_part(piece_parts, count);
     write(written_++, part, counts);
     if (counts.size == piece_elements) keep(last_, part);  // a whole piece: more of its gradient may follow
+  }
+  /// Whether add_normal() may write this call's entries: its kind sums squares, and it keeps no parts.
+  bool writes_normal() const noexcept { return sums_squares_ && !parts_; }
+  /// Whether gradient k's first piece comes next, after every gradient before it.
+  bool next_is(std::size_t k) const noexcept { return k == written_; }
+  /// Adds the gradient next_is() named, read whole as one part of an unscaled sum of squares, all of its
+  /// elements finite normal numbers (so the sum is finite and positive), `top` the largest magnitude: add()
+  /// without its checks, for the reduction's loop over small gradients, where writes_normal().
+  [[gnu::always_inline]] void add_normal(const partial_norm& part, double top) noexcept {
+    stats_[written_++] = {kind_.root_value(part.sum, part.low, part.exponent, part.elements), top, part.elements};
   }
   /// Writes the empty entries of the gradients after the last piece.
   void finish() noexcept {
@@ -500,6 +516,7 @@ class report_writer {
   std::vector<partial_norm>* parts_ = nullptr;  // each gradient's part, when the report keeps them
   norm_kind kind_;
   double order_;
+  bool sums_squares_;
   partial_norm last_;  // the part of gradient written_ - 1, when its last piece was a whole one
   std::size_t written_ = 0;
 };
@@ -524,6 +541,19 @@ template <class Policy, bool Interleaves, class T, class Sink>
   }
 }
 
+/// Piece p reduced, counted, merged (see merge_piece) and added to the report: merge_pieces' step for the
+/// pieces that are not small gradients. Not inlined, so that its frame (a strided view's gather buffer)
+/// is not set up for every small one.
+template <class Policy, bool Interleaves, class T, class Parts>
+[[gnu::noinline]] void merge_reported_piece(const piece<T> p, double order, Parts& parts,
+                                            std::vector<partial_norm>* tensors, report_writer& report) {
+  census counts;
+  reduce_piece<Policy, Interleaves>(p, order, &counts, [&](const partial_norm* piece_parts, std::size_t count) {
+    merge_piece(parts, tensors, p.unit, p.tensor, piece_parts, count, order);
+    report.add(p.tensor, piece_parts, count, counts);
+  });
+}
+
 /// The reduction on one thread: each piece's parts merged into the units' `parts` (and `tensors`, see
 /// merge_piece) as they come, and, when Reporting, counted and added to the report. Nothing else per
 /// piece, as many small gradients make many pieces; not inlined, so that the compiler inlines the short
@@ -531,16 +561,31 @@ template <class Policy, bool Interleaves, class T, class Sink>
 template <class Policy, bool Reporting, class Layout, class Parts>
 [[gnu::noinline]] void merge_pieces(const Layout& layout, double order, Parts& parts,
                                     std::vector<partial_norm>* tensors, report_writer* report) {
-  layout.for_each_piece([&](const auto& p) {
-    census counts;
-    reduce_piece<Policy, interleaves<Layout>::value>(
-        p, order, Reporting ? &counts : nullptr,
-        // Inlined (GCC leaves this sink out of line once it reports): a call per piece spills the parts.
-        [&](const partial_norm* piece_parts, std::size_t count) GRADCLIP_INLINE_LAMBDA {
-          merge_piece(parts, tensors, p.unit, p.tensor, piece_parts, count, order);
-          if constexpr (Reporting) report->add(p.tensor, piece_parts, count, counts);
-        });
-  });
+  if constexpr (Reporting) {
+    const bool writes_normal = report->writes_normal();
+    layout.for_each_piece([&](const auto& p) GRADCLIP_INLINE_LAMBDA {
+      // A small gradient of normal numbers, whole: summed, merged and written in this loop (reduce_run's
+      // part, with nothing to count but its size and maximum). Others take the full count.
+      const auto& v = p.view;
+      if constexpr (sums_short_runs<Policy, typename std::decay_t<decltype(v)>::element_type>) {
+        double sum, top;
+        if (writes_normal && v.outer_size == 1 && v.inner_stride == 1 && v.inner_size <= short_run &&
+            report->next_is(p.tensor) && normal_short_squares(v.data, v.inner_size, sum, top)) {
+          const partial_norm part{0, sum, true, order, 0.0, v.inner_size};
+          merge_piece(parts, tensors, p.unit, p.tensor, &part, 1, order);
+          return report->add_normal(part, top);
+        }
+      }
+      merge_reported_piece<Policy, interleaves<Layout>::value>(p, order, parts, tensors, *report);
+    });
+  } else {
+    layout.for_each_piece([&](const auto& p) {
+      reduce_piece<Policy, interleaves<Layout>::value>(
+          p, order, nullptr, [&](const partial_norm* piece_parts, std::size_t count) GRADCLIP_INLINE_LAMBDA {
+            merge_piece(parts, tensors, p.unit, p.tensor, piece_parts, count, order);
+          });
+    });
+  }
 }
 
 /// The parts of every unit of the layout, of kind options::norm, each merged in piece order; with

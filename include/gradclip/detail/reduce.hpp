@@ -254,21 +254,31 @@ template <class T>
   return unscaled_part(short_squares(p, n, [](double) {}));
 }
 
-/// short_sum_squares, adding the run's census to `counts`: the largest and least magnitude of the values
-/// it widened (NaN passes both by, but makes the sum NaN), and add_short_census counts the run again only
-/// where those and the sum say it holds zeros, subnormals, Inf or NaN. Tracking the magnitudes in the sum's
-/// loop costs a third of the instructions of a second look at the run's bits.
+/// Whether a short run's sum of squares (short_squares) is all its census says: sets `sum`, and `top` to its
+/// largest magnitude, and returns whether every element is a finite normal number (a zero, a subnormal, Inf
+/// or NaN makes the least magnitude small or the sum not finite; NaN passes both comparisons by, but makes
+/// the sum NaN). Tracking the magnitudes in the sum's loop costs a third of the instructions of a second
+/// look at the run's bits.
+template <class T>
+[[gnu::always_inline]] inline bool normal_short_squares(const T* p, std::size_t n, double& sum, double& top) noexcept {
+  using element = std::remove_const_t<T>;
+  double largest = 0, least = std::numeric_limits<double>::infinity();
+  sum = short_squares(p, n, [&](double x) {
+    const double magnitude = std::abs(x);
+    largest = std::max(largest, magnitude);
+    least = std::min(least, magnitude);
+  });
+  top = largest;
+  return least >= static_cast<double>(std::numeric_limits<element>::min()) && std::isfinite(sum);
+}
+
+/// short_sum_squares, adding the run's census to `counts`: counted again (add_short_census) only where
+/// normal_short_squares says the run holds zeros, subnormals, Inf or NaN.
 template <class T>
 [[gnu::always_inline]] inline partial_norm counted_short_sum_squares(const T* p, std::size_t n,
                                                                      census& counts) noexcept {
-  using element = std::remove_const_t<T>;
-  double top = 0, low = std::numeric_limits<double>::infinity();
-  const double sum = short_squares(p, n, [&](double x) {
-    const double magnitude = std::abs(x);
-    top = std::max(top, magnitude);
-    low = std::min(low, magnitude);
-  });
-  if (low >= static_cast<double>(std::numeric_limits<element>::min()) && std::isfinite(sum)) {
+  double sum, top;
+  if (normal_short_squares(p, n, sum, top)) {
     counts.size += n;
     counts.max_abs = std::max(counts.max_abs, top);
   } else {
@@ -284,6 +294,12 @@ inline partial_norm sequential_sum_squares(const T* p, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) sum += p[i] * p[i];
   return unscaled_part(static_cast<double>(sum));
 }
+
+/// Whether reduce_run sums a run of short_run elements or fewer in its caller's loop (short_squares), for
+/// the kinds that sum squares.
+template <class Policy, class T>
+inline constexpr bool sums_short_runs = !policy_traits<Policy>::sequential && policy_traits<Policy>::max_scales &&
+                                        !std::is_same_v<std::remove_const_t<T>, double>;
 
 /// The partial norm of a contiguous run: the policy's sum of squares for p = 2, the p-norm kernels
 /// (the same under every policy) for other p.
@@ -302,7 +318,7 @@ template <class Policy, class T, class Observe = no_observer>
     return part;
   };
   if (norm_kind{order}.kernel() != run_kernel::sum_of_squares) return observed(power_sum_kernel(p, n, order));
-  if constexpr (!traits::sequential && traits::max_scales && !std::is_same_v<element, double>)
+  if constexpr (sums_short_runs<Policy, T>)
     if (n <= short_run) {
       if constexpr (std::is_same_v<std::decay_t<Observe>, census_observer>)
         return counted_short_sum_squares(p, n, *observe.counts);
