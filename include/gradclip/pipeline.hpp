@@ -434,11 +434,7 @@ struct reports_tensors<Layout, std::void_t<decltype(std::declval<const Layout&>(
 class report_writer {
  public:
   report_writer(tensor_report& report, std::size_t tensors, double order)
-      : stats_(report_staging::stats(report)),
-        kind_(order),
-        order_(order),
-        sums_squares_(kind_.kernel() == run_kernel::sum_of_squares),
-        last_{0, 0.0, true, order} {
+      : stats_(report_staging::stats(report)), kind_(order), order_(order), last_{0, 0.0, true, order} {
     report_staging::stage(report, tensors);
     parts_ = report_staging::parts(report);
   }
@@ -452,7 +448,7 @@ class report_writer {
     if (counts.size == piece_elements) keep(last_, part);  // a whole piece: more of its gradient may follow
   }
   /// Whether add_normal() may write this call's entries: its kind sums squares, and it keeps no parts.
-  bool writes_normal() const noexcept { return sums_squares_ && !parts_; }
+  bool writes_normal() const noexcept { return kind_.kernel() == run_kernel::sum_of_squares && !parts_; }
   /// Whether gradient k's first piece comes next, after every gradient before it.
   bool next_is(std::size_t k) const noexcept { return k == written_; }
   /// Adds the gradient next_is() named, read whole as one part of an unscaled sum of squares, all of its
@@ -516,7 +512,6 @@ class report_writer {
   std::vector<partial_norm>* parts_ = nullptr;  // each gradient's part, when the report keeps them
   norm_kind kind_;
   double order_;
-  bool sums_squares_;
   partial_norm last_;  // the part of gradient written_ - 1, when its last piece was a whole one
   std::size_t written_ = 0;
 };
@@ -543,7 +538,7 @@ template <class Policy, bool Interleaves, class T, class Sink>
 
 /// Piece p reduced, counted, merged (see merge_piece) and added to the report: merge_pieces' step for the
 /// pieces that are not small gradients. Not inlined, so that its frame (a strided view's gather buffer)
-/// is not set up for every small one.
+/// is not set up for every small one, and p by value, so that no small one's piece is kept in memory.
 template <class Policy, bool Interleaves, class T, class Parts>
 [[gnu::noinline]] void merge_reported_piece(const piece<T> p, double order, Parts& parts,
                                             std::vector<partial_norm>* tensors, report_writer& report) {
