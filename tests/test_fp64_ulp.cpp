@@ -6,6 +6,7 @@
 #include <gradclip/norm.hpp>
 
 #include "reference.hpp"
+#include "vector_targets.hpp"
 
 #include <gtest/gtest.h>
 
@@ -260,16 +261,11 @@ TEST(Fp64Kernels, CompensatedSquaresOfEqualElementsKeepTheCompensationSmall) {
   }
 }
 
-std::vector<isa> vector_isas() {
-  std::vector<isa> found;
-  for (const isa target : {isa::avx2, isa::avx512})
-    if (gradclip::detail::isa_supported(target)) found.push_back(target);
-  return found;
-}
+using Fp64VectorKernels = vector_kernels_test;
 
 bool same_double(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
-TEST(Fp64Kernels, VectorCompensatedSquaresMatchPortableBitForBit) {
+TEST_F(Fp64VectorKernels, CompensatedSquaresMatchPortableBitForBit) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed + 49);
   const double lo = 0x1p-451, hi = 0x1p450;
@@ -332,7 +328,7 @@ TEST(Fp64Kernels, RangedCompensatedSquaresStopBeforeABlockTheyCannotSum) {
     }
 }
 
-TEST(Fp64Kernels, VectorMultiplyCompensatedMatchesPortableBitForBit) {
+TEST_F(Fp64VectorKernels, MultiplyCompensatedMatchesPortableBitForBit) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed + 50);
   for (const isa target : vector_isas())

@@ -7,6 +7,7 @@
 #include <gradclip/detail/update_kernels.hpp>
 
 #include "reference.hpp"
+#include "vector_targets.hpp"
 
 #include <gtest/gtest.h>
 
@@ -26,6 +27,7 @@ namespace {
 using gradclip::detail::isa;
 using gradclip::detail::portable;
 using gradclip::detail::with_isa;
+using gradclip_test::vector_isas;
 
 constexpr std::uint64_t seed = 20261202;
 constexpr std::size_t lengths[] = {0,    1,    3,    7,    8,    15,   16,   17,   31,  32,  33,
@@ -33,13 +35,6 @@ constexpr std::size_t lengths[] = {0,    1,    3,    7,    8,    15,   16,   17,
                                    1023, 1024, 1025, 2047, 3001, 4095, 4096, 4097, 8193};
 
 constexpr std::size_t longest = *std::max_element(std::begin(lengths), std::end(lengths));
-
-std::vector<isa> vector_isas() {
-  std::vector<isa> result;
-  for (isa target : {isa::avx2, isa::avx512})
-    if (gradclip::detail::isa_supported(target)) result.push_back(target);
-  return result;
-}
 
 /// The portable kernels and every vector kernel this CPU runs.
 std::vector<isa> all_isas() {
@@ -74,6 +69,9 @@ template <class T>
 class Kernels : public ::testing::Test {};
 using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
 TYPED_TEST_SUITE(Kernels, ElementTypes);
+template <class T>
+class VectorKernels : public gradclip_test::vector_kernels_test {};
+TYPED_TEST_SUITE(VectorKernels, ElementTypes);
 
 TEST(Dispatch, BestIsaIsSupported) {
   EXPECT_TRUE(gradclip::detail::isa_supported(gradclip::detail::best_isa()));
@@ -162,7 +160,7 @@ void for_each_accumulator(F&& f) {
   if constexpr (!std::is_same_v<T, double>) f(float{});
 }
 
-TYPED_TEST(Kernels, BlockSumsMatchPortableForEveryLengthAndAlignment) {
+TYPED_TEST(VectorKernels, BlockSumsMatchPortableForEveryLengthAndAlignment) {
   using T = TypeParam;
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);

@@ -7,6 +7,7 @@
 #include <gradclip/partial_norm.hpp>
 
 #include "reference.hpp"
+#include "vector_targets.hpp"
 
 #include <gtest/gtest.h>
 
@@ -35,13 +36,9 @@ template <class T>
 class PNormKernels : public ::testing::Test {};
 using ElementTypes = ::testing::Types<Eigen::half, Eigen::bfloat16, float, double>;
 TYPED_TEST_SUITE(PNormKernels, ElementTypes);
-
-std::vector<isa> vector_isas() {
-  std::vector<isa> result;
-  for (isa target : {isa::avx2, isa::avx512})
-    if (gradclip::detail::isa_supported(target)) result.push_back(target);
-  return result;
-}
+template <class T>
+class PNormVectorKernels : public gradclip_test::vector_kernels_test {};
+TYPED_TEST_SUITE(PNormVectorKernels, ElementTypes);
 
 // check(target) for every vector target, then for AVX-512 once more without VBMI where this CPU has it:
 // the L1 sums of 16-bit elements take add_field_lines with it and add_fields' loop without.
@@ -186,12 +183,14 @@ void expect_16_bit_sums_match_portable() {
   });
 }
 
-TEST(PNormKernels16, SumsOfMagnitudesMatchPortableOnEveryBitPattern) {
+using PNormVectorKernels16 = gradclip_test::vector_kernels_test;
+
+TEST_F(PNormVectorKernels16, SumsOfMagnitudesMatchPortableOnEveryBitPattern) {
   expect_16_bit_sums_match_portable<Eigen::half>();
   expect_16_bit_sums_match_portable<Eigen::bfloat16>();
 }
 
-TYPED_TEST(PNormKernels, VectorLoopsMatchScalarBitForBit) {
+TYPED_TEST(PNormVectorKernels, VectorLoopsMatchScalarBitForBit) {
   using T = TypeParam;
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -402,7 +401,7 @@ std::vector<T> bit_patterns(std::mt19937_64& rng, bool nonfinite) {
 // sum |x| (sum_abs) of every vector target against the scalar one, bit for bit, over every 16-bit
 // pattern: signs, zeros, subnormals and the largest values in the vector steps and in the tails, then
 // each Inf and NaN at positions inside a vector step and in the tail (NaN, whatever its payload).
-TYPED_TEST(PNormKernels, SumAbsOfEveryBitPatternMatchesScalar) {
+TYPED_TEST(PNormVectorKernels, SumAbsOfEveryBitPatternMatchesScalar) {
   using T = TypeParam;
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
