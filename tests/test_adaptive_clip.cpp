@@ -148,8 +148,12 @@ TEST(AdaptiveClip, Optaxs1e6GuardEngagesForTinyGradients) {
   g << 3e-7, 4e-7;
   const auto result = gradclip::adaptive_clip(g, w, 1e-4);
   EXPECT_EQ(result.clipped, 1u);
-  EXPECT_NEAR(result.min_coefficient, 0.1, 1e-15);
-  EXPECT_NEAR(g(0), 3e-8, 1e-22);
+  // Neither norm enters (both floors engage): the coefficient is 1e-4 * 1e-3 / 1e-6 rounded twice (the
+  // threshold's product and the quotient), each element once more (2 and 3 roundings of 2^-53, to first order).
+  const quad coefficient = to_quad(1e-4) * to_quad(1e-3) / to_quad(1e-6);
+  EXPECT_LE(relative_error(result.min_coefficient, coefficient), 2.01 * 0x1p-53);
+  EXPECT_LE(relative_error(g(0), to_quad(3e-7) * coefficient), 3.01 * 0x1p-53);
+  EXPECT_LE(relative_error(g(1), to_quad(4e-7) * coefficient), 3.01 * 0x1p-53);
 }
 
 TEST(AdaptiveClip, LayoutsAndTensorsUseTheFirstDimension) {
@@ -165,7 +169,19 @@ TEST(AdaptiveClip, LayoutsAndTensorsUseTheFirstDimension) {
   const Eigen::MatrixXd weights64 = base_w.cast<double>();
   auto result = gradclip::adaptive_clip(row_major, weights64, 0.05);
   EXPECT_EQ(result.clipped, reference.clipped);
-  EXPECT_TRUE(row_major.isApprox(expected, 1e-6f));
+  // Each element within the one ulp of FP32 of Optax's exact value (allowed_ulps), as the column sweep's.
+  const quad_units g_units = rows_of(base_g), w_units = rows_of(base_w);
+  const auto expect_optax_rows = [&](const auto& element) {
+    for (int i = 0; i < 6; ++i) {
+      bool clipped = false;
+      const auto exact =
+          optax_unit(g_units[static_cast<std::size_t>(i)], w_units[static_cast<std::size_t>(i)], 0.05, 1e-3, clipped);
+      for (int j = 0; j < 9; ++j)
+        EXPECT_LE(ulps(element(i, j), exact[static_cast<std::size_t>(j)]), allowed_ulps<float>())
+            << "row " << i << " column " << j;
+    }
+  };
+  expect_optax_rows([&](int i, int j) { return row_major(i, j); });
 
   // A block (strided rows and columns) of a larger matrix.
   Eigen::MatrixXf big = Eigen::MatrixXf::Zero(10, 12);
@@ -186,11 +202,9 @@ TEST(AdaptiveClip, LayoutsAndTensorsUseTheFirstDimension) {
   EXPECT_EQ(result.units, 6u);
   (void)gradclip::adaptive_clip(rt, tw, 0.05);
   for (int i = 0; i < 6; ++i)
-    for (int j = 0; j < 9; ++j) {
-      EXPECT_EQ(t(i, j), expected(i, j));
-      // Contiguous rows sum in another order than the column sweep: the same up to float rounding.
-      EXPECT_NEAR(rt(i, j), expected(i, j), 1e-6f * std::abs(expected(i, j)));
-    }
+    for (int j = 0; j < 9; ++j) EXPECT_EQ(t(i, j), expected(i, j));
+  // Contiguous rows sum in another order than the column sweep: each within its bound of Optax's value.
+  expect_optax_rows([&](int i, int j) { return rt(i, j); });
 
   // Rank 4 ([out, in, kh, kw]): unit i is everything with first index i.
   Eigen::Tensor<double, 4> conv(3, 2, 2, 2), conv_w(3, 2, 2, 2);
@@ -199,7 +213,8 @@ TEST(AdaptiveClip, LayoutsAndTensorsUseTheFirstDimension) {
   result = gradclip::adaptive_clip(conv, conv_w, 0.1);
   EXPECT_EQ(result.units, 3u);
   EXPECT_EQ(result.clipped, 3u);
-  EXPECT_NEAR(conv(2, 1, 0, 1), 0.05, 1e-16);
+  // Optax's 1 * 0.1 * ||w_u|| / ||g_u|| = 0.1 * 0.5 exactly, within the FP64 allowance.
+  EXPECT_LE(ulps(conv(2, 1, 0, 1), to_quad(0.1) / 2), allowed_ulps<double>());
 
   // A tensor with one dimension above 1 is a vector: one unit.
   Eigen::Tensor<float, 3> column(1, 5, 1), column_w(1, 5, 1);
@@ -207,7 +222,8 @@ TEST(AdaptiveClip, LayoutsAndTensorsUseTheFirstDimension) {
   column_w.setConstant(1.0f);
   result = gradclip::adaptive_clip(column, column_w, 0.1);
   EXPECT_EQ(result.units, 1u);
-  EXPECT_NEAR(column(0, 3, 0), 0.1f, 1e-7f);
+  // Optax's 1 * 0.1 * ||w|| / ||g|| = 0.1 (the double) exactly, within FP32's one ulp.
+  EXPECT_LE(ulps(column(0, 3, 0), to_quad(0.1)), allowed_ulps<float>());
 }
 
 TEST(AdaptiveClip, Fp64BeyondDoubleRangeStillClips) {
@@ -217,8 +233,14 @@ TEST(AdaptiveClip, Fp64BeyondDoubleRangeStillClips) {
   const auto result = gradclip::adaptive_clip(g, w, 0.5);
   // Row 0: max_norm = 0.5 * sqrt(2) * 1e308, ||g|| = sqrt(2) * 1.5e308: coefficient 1/3.
   EXPECT_EQ(result.clipped, 2u);
-  EXPECT_NEAR(g(0, 0) / 0.5e308, 1.0, 1e-15);
-  EXPECT_NEAR(g(1, 0), 0.5, 1e-16);
+  // Row 0 within the FP64 allowance of Optax's exact value; row 1's norms (of [1, 0]) and its coefficient
+  // 0.5 / 1 are exact, so its elements are too.
+  const quad w_norm = quad_sqrt(2 * to_quad(1e308) * to_quad(1e308));
+  const quad g_norm = quad_sqrt(2 * to_quad(1.5e308) * to_quad(1.5e308));
+  EXPECT_LE(ulps(g(0, 0), to_quad(1.5e308) * quad(0.5) * w_norm / g_norm), allowed_ulps<double>());
+  EXPECT_LE(ulps(g(0, 1), to_quad(1.5e308) * quad(0.5) * w_norm / g_norm), allowed_ulps<double>());
+  EXPECT_EQ(g(1, 0), 0.5);
+  EXPECT_EQ(g(1, 1), 0.0);
 }
 
 TEST(AdaptiveClip, NonFiniteUnitsFollowTheOption) {

@@ -167,28 +167,35 @@ TEST(FrontEnd, MixedElementTypesShareOneGlobalNorm) {
   const double exact = std::sqrt(128 * 90000.0 + 8 * 160000.0 + 100 * 4.0);
   EXPECT_NEAR(gradclip::global_norm(group) / exact, 1.0, 1e-15);
   const auto result = gradclip::clip_by_global_norm(group, 1.0);
-  EXPECT_NEAR(static_cast<double>(weights(3, 3)), 300.0 / exact, 300.0 / exact / 1024);
+  // FP16 elements of a group with FP16 and BF16 members: one ulp plus 16 * 2^-24 relative of the exact
+  // projection (numerics.md); a relative error r is at most r * 2^11 FP16 ulps.
+  const quad exact_group_norm = quad_sqrt(quad(128 * 90000.0 + 8 * 160000.0 + 100 * 4.0));
+  EXPECT_LE(ulps(weights(3, 3), quad(300) / exact_group_norm), 1.0 + robust_norm_bound<Eigen::half>() * 0x1p11);
   EXPECT_NEAR(bias(0), 400.0 / exact, 400.0 / exact * 1e-7);
   EXPECT_NEAR(result.coefficient, 1.0 / exact, 1e-15 / exact);
   // A temporary group of views works too, and one huge FP64 member dominates safely.
+  const quad bias_norm = exact_norm(bias.data(), static_cast<std::size_t>(bias.size()));
   const auto with_head = gradclip::clip_by_global_norm({gradclip::grad_view(bias), gradclip::grad_view(head)}, 1.0);
   EXPECT_NEAR(with_head.norm, 1e300, 1e285);
-  EXPECT_NEAR(head[0], 1.0, 1e-15);
+  // FP64 and FP32 members only: robust's one ulp of the exact projection (numerics.md).
+  EXPECT_LE(ulps(head[0], to_quad(1e300) / quad_sqrt(to_quad(1e300) * to_quad(1e300) + bias_norm * bias_norm)), 1.0);
 }
 
 TEST(FrontEnd, RangesOfPointersReferenceWrappersAndMaps) {
   Eigen::MatrixXf a = Eigen::MatrixXf::Constant(2, 2, 3.0f);
   Eigen::MatrixXf b = Eigen::MatrixXf::Constant(1, 1, 4.0f);
   std::vector<Eigen::MatrixXf*> pointers{&a, &b};
-  EXPECT_NEAR(gradclip::global_norm(pointers), std::sqrt(36.0 + 16.0), 1e-12);
+  EXPECT_LE(relative_error(gradclip::global_norm(pointers), quad_sqrt(52)), robust_norm_bound<float>());
   std::vector<std::reference_wrapper<Eigen::MatrixXf>> refs{a, b};
   EXPECT_EQ(gradclip::global_norm(refs), gradclip::global_norm(pointers));
   std::array<Eigen::Map<Eigen::VectorXf>, 2> maps{Eigen::Map<Eigen::VectorXf>(a.data(), 4),
                                                   Eigen::Map<Eigen::VectorXf>(b.data(), 1)};
   (void)gradclip::clip_by_global_norm(maps, 1.0);
-  EXPECT_NEAR(b(0, 0), 4.0 / std::sqrt(52.0), 1e-7);
+  // robust's one ulp of the exact projection (numerics.md), and the norm's bound on the clipped elements.
+  EXPECT_LE(ulps(b(0, 0), quad(4) / quad_sqrt(52)), 1.0);
+  for (int k = 0; k < 4; ++k) EXPECT_LE(ulps(a.data()[k], quad(3) / quad_sqrt(52)), 1.0) << k;
   std::vector<gradclip::grad_view> raw{gradclip::grad_view(a.data(), 4)};
-  EXPECT_NEAR(gradclip::global_norm(raw), 2 * 3.0 / std::sqrt(52.0), 1e-6);
+  EXPECT_LE(relative_error(gradclip::global_norm(raw), exact_norm(a.data(), 4)), robust_norm_bound<float>());
 }
 
 TEST(FrontEnd, NonFiniteAnywhereInAGroupSkipsTheWholeGroup) {

@@ -78,9 +78,29 @@ TEST(GroupClip, ResultsEqualSeparateGlobalNormCalls) {
 
 TEST(GroupClip, ThresholdRatioFixesTheRelativeScaleOfClippedGroups) {
   model m(seed);
+  const model original(seed);
   const auto results = gradclip::clip_by_group_norms({{"embeddings", m.embeddings(), 4.0}, {"rest", m.rest(), 0.5}});
   ASSERT_TRUE(results[0].result.clipped && results[1].result.clipped);
-  EXPECT_NEAR(gradclip::global_norm(m.embeddings()) / gradclip::global_norm(m.rest()), 8.0, 8.0 * 1e-3);
+  // Each group is the exact projection onto its threshold's sphere, g * max_norm / ||g|| with the group's own
+  // exact norm, each element within one ulp (robust; the rest has no FP16 or BF16 member: numerics.md).
+  const quad embeddings_norm = exact_norm(original.embedding);
+  for (std::size_t i = 0; i < m.embedding.size(); ++i)
+    ASSERT_LE(ulps(m.embedding[i], to_quad(original.embedding[i]) * quad(4.0) / embeddings_norm), 1.0) << i;
+  const quad rest_norm =
+      quad_sqrt(exact_norm(original.w1) * exact_norm(original.w1) + exact_norm(original.b1) * exact_norm(original.b1) +
+                exact_norm(original.w2) * exact_norm(original.w2));
+  const auto expect_projection = [&](const auto& clipped, const auto& before) {
+    for (std::size_t i = 0; i < clipped.size(); ++i)
+      ASSERT_LE(ulps(clipped[i], to_quad(before[i]) * quad(0.5) / rest_norm), 1.0) << i;
+  };
+  expect_projection(m.w1, original.w1);
+  expect_projection(m.b1, original.b1);
+  expect_projection(m.w2, original.w2);
+  // So the norms' ratio is 8 within the elements' one ulp (FP16: 2^-10 relative; FP32 and FP64: 2^-23) and
+  // the two computed norms' bounds (16 * 2^-24, 36 * 2^-53).
+  const double ratio_bound = 0x1p-10 + 0x1p-23 + robust_norm_bound<Eigen::half>() + robust_norm_bound<float>();
+  EXPECT_LE(relative_error(gradclip::global_norm(m.embeddings()) / gradclip::global_norm(m.rest()), quad(8)),
+            ratio_bound * (1 + ratio_bound));
 }
 
 TEST(GroupClip, PNormGroupsEqualSeparatePNormCalls) {
