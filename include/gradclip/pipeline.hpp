@@ -560,7 +560,8 @@ template <class Policy, bool Reporting, class Layout, class Parts>
     const bool writes_normal = report->writes_normal();
     layout.for_each_piece([&](const auto& p) GRADCLIP_INLINE_LAMBDA {
       // A small gradient of normal numbers, whole: summed, merged and written in this loop (reduce_run's
-      // part, with nothing to count but its size and maximum). Others take the full count.
+      // part, with nothing to count but its size and maximum). Others take the full count. (A piece of a
+      // contiguous gradient is never empty, as normal_short_squares requires.)
       const auto& v = p.view;
       if constexpr (sums_short_runs<Policy, typename std::decay_t<decltype(v)>::element_type>) {
         double sum, top;

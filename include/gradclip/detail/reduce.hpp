@@ -227,19 +227,34 @@ inline partial_norm compensated_sum_squares(const double* p, std::size_t n) noex
 
 #endif
 
-/// The squares of a short run summed in FP64 directly: exact squares for FP32 and narrower elements, so at
-/// least as accurate as the kernels, and overflow-free. visit(x) sees each element widened, in registers.
-/// Always inlined (here and below), as reduce_run is.
+/// Whether short_squares unrolls its loop: FP32 only, where the compiler is GCC (GRADCLIP_UNROLLS_SHORT_RUNS).
+/// 16-bit elements are widened in software on baseline x86-64, and unrolled they cost every unit that clips
+/// them 0.3 to 0.6 s more to compile.
+template <class T>
+inline constexpr bool unrolls_short_runs = GRADCLIP_UNROLLS_SHORT_RUNS &&
+                                           (std::is_same_v<std::remove_const_t<T>, float>);
+
+/// The squares of a short run (at most short_run elements) summed in FP64 directly: exact squares for FP32
+/// and narrower elements, so at least as accurate as the kernels, and overflow-free. visit(x) sees each
+/// element widened, in registers. Always inlined (here and below), as reduce_run is. Unrolled completely
+/// where unrolls_short_runs: straight-line pairs with an exit after each.
 template <class T, class Visit>
 [[gnu::always_inline]] inline double short_squares(const T* p, std::size_t n, Visit&& visit) noexcept {
   static_assert(sizeof(std::remove_const_t<T>) <= 4, "squares exact in FP64, whether or not contracted into FMA");
+  static_assert(short_run == 32, "GRADCLIP_UNROLL_SHORT_RUN unrolls short_run / 2 pairs");
   double even = 0, odd = 0;
-  std::size_t i = 0;
-  for (; i + 2 <= n; i += 2) {
+  const auto add_pair = [&](std::size_t i) GRADCLIP_INLINE_LAMBDA {
     const double x = widen<double>(p[i]), y = widen<double>(p[i + 1]);
     even += x * x;
     odd += y * y;
     visit(x), visit(y);
+  };
+  std::size_t i = 0;
+  if constexpr (unrolls_short_runs<T>) {
+    GRADCLIP_UNROLL_SHORT_RUN
+    for (; i + 2 <= n; i += 2) add_pair(i);
+  } else {
+    for (; i + 2 <= n; i += 2) add_pair(i);
   }
   if (i < n) {
     const double x = widen<double>(p[i]);
@@ -258,11 +273,13 @@ template <class T>
 /// largest magnitude, and returns whether every element is a finite normal number (a zero, a subnormal, Inf
 /// or NaN makes the least magnitude small or the sum not finite; NaN passes both comparisons by, but makes
 /// the sum NaN). Tracking the magnitudes in the sum's loop costs a third of the instructions of a second
-/// look at the run's bits.
+/// look at the run's bits. n >= 1: where the loop is unrolled, both start at the first magnitude (widened
+/// once with the first pair), which 0 and infinity would have to be compared with first, for NaN's sake.
 template <class T>
 [[gnu::always_inline]] inline bool normal_short_squares(const T* p, std::size_t n, double& sum, double& top) noexcept {
   using element = std::remove_const_t<T>;
   double largest = 0, least = std::numeric_limits<double>::infinity();
+  if constexpr (unrolls_short_runs<T>) largest = least = std::abs(widen<double>(p[0]));
   sum = short_squares(p, n, [&](double x) {
     const double magnitude = std::abs(x);
     largest = std::max(largest, magnitude);
@@ -277,6 +294,7 @@ template <class T>
 template <class T>
 [[gnu::always_inline]] inline partial_norm counted_short_sum_squares(const T* p, std::size_t n,
                                                                      census& counts) noexcept {
+  if (n == 0) return unscaled_part(0.0);
   double sum, top;
   if (normal_short_squares(p, n, sum, top)) {
     counts.size += n;
