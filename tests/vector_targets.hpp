@@ -1,7 +1,7 @@
 // The vector instruction sets a test compares with the portable kernels, and the suites of tests that do
 // nothing else. Those suites are named *VectorKernels*, so that a CPU that runs no vector target (arm64,
-// an x86 CPU without AVX2) excludes them by name (scripts/test.sh, scripts/qemu_x86_64.sh) instead of
-// passing them with nothing compared; where one runs them anyway, they skip, saying why.
+// an x86 CPU without AVX2) excludes them by name (the arm64 test preset, scripts/qemu_x86_64.sh's EXCLUDE)
+// instead of passing them with nothing compared; where one runs them anyway, they skip, saying why.
 #pragma once
 
 #include <gradclip/detail/simd.hpp>

@@ -185,17 +185,14 @@
 #else
 #define GRADCLIP_UNROLLED
 #endif
-// Whether short_squares (reduce.hpp) unrolls the pairs of a short FP32 run completely (at most 16), and the
-// pragma that does it. GCC leaves that loop a loop, with its setup, spills and tail, once it also tracks the
-// magnitudes (a report of small gradients), and then runs 244 instructions per gradient of 4 where 227 do;
-// clang's unrolled code is longer than its loop (306 instructions without a report instead of 280), so
-// clang keeps its own choice.
+// Whether short_squares (reduce.hpp) unrolls the pairs of a short FP32 run completely (at most 16). GCC
+// leaves that loop a loop, with its setup, spills and tail, once it also tracks the magnitudes (a report of
+// small gradients), and then runs 244 instructions per gradient of 4 where 227 do; clang's unrolled code is
+// longer than its loop (306 instructions without a report instead of 280), so clang keeps its own choice.
 #if defined(__GNUC__) && !defined(__clang__)
 #define GRADCLIP_UNROLLS_SHORT_RUNS 1
-#define GRADCLIP_UNROLL_SHORT_RUN _Pragma("GCC unroll 16")
 #else
 #define GRADCLIP_UNROLLS_SHORT_RUNS 0
-#define GRADCLIP_UNROLL_SHORT_RUN
 #endif
 // A lambda always inlined into its caller (pipeline.hpp's per-piece sink). GCC and clang take the attribute
 // after the parameters in this spelling; [[gnu::always_inline]] there would name the type and be ignored.

@@ -241,7 +241,7 @@ inline constexpr bool unrolls_short_runs = GRADCLIP_UNROLLS_SHORT_RUNS &&
 template <class T, class Visit>
 [[gnu::always_inline]] inline double short_squares(const T* p, std::size_t n, Visit&& visit) noexcept {
   static_assert(sizeof(std::remove_const_t<T>) <= 4, "squares exact in FP64, whether or not contracted into FMA");
-  static_assert(short_run == 32, "GRADCLIP_UNROLL_SHORT_RUN unrolls short_run / 2 pairs");
+  static_assert(short_run == 32, "the pragma below unrolls short_run / 2 pairs");
   double even = 0, odd = 0;
   const auto add_pair = [&](std::size_t i) GRADCLIP_INLINE_LAMBDA {
     const double x = widen<double>(p[i]), y = widen<double>(p[i + 1]);
@@ -250,8 +250,8 @@ template <class T, class Visit>
     visit(x), visit(y);
   };
   std::size_t i = 0;
-  if constexpr (unrolls_short_runs<T>) {
-    GRADCLIP_UNROLL_SHORT_RUN
+  if constexpr (unrolls_short_runs<T>) {  // the same loop: g++ 12 crashes on a pragma count that depends on T
+#pragma GCC unroll 16
     for (; i + 2 <= n; i += 2) add_pair(i);
   } else {
     for (; i + 2 <= n; i += 2) add_pair(i);
